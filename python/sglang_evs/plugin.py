@@ -1,0 +1,59 @@
+"""SGLang plugin entry point (group `sglang.srt.plugins`), run in every SGLang process.
+
+SGLang calls `load_plugins()` in the main process, the scheduler, the
+detokenizer and the DP controller, in the scheduler before its logging is
+configured; the announcement therefore goes through a handler of our own.
+"""
+
+import logging
+import os
+import sys
+
+logger = logging.getLogger("sglang_evs")
+
+_loaded_in_pid: int | None = None
+
+
+def _announce_logger() -> logging.Logger:
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+def _calling_sglang_function() -> str:
+    """Name of the SGLang function that called load_plugins(): tells which process this is."""
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "load_plugins" and frame.f_back is not None:
+            return frame.f_back.f_code.co_name
+        frame = frame.f_back
+    return "unknown"
+
+
+def load_plugin() -> None:
+    global _loaded_in_pid
+    if _loaded_in_pid == os.getpid():
+        return
+    _loaded_in_pid = os.getpid()
+
+    from sglang_evs import __version__
+    from sglang_evs.sglang_compat import UnsupportedSGLangError, check_sglang_compatibility
+
+    try:
+        sglang_version = check_sglang_compatibility()
+    except UnsupportedSGLangError as exc:
+        # SGLang's load_plugins() logs and swallows Exceptions; serving on
+        # without the plugin would be silently wrong, so stop the process.
+        _announce_logger().error("%s", exc)
+        raise SystemExit(str(exc)) from exc
+    _announce_logger().info(
+        "sglang-evs %s plugin loaded (sglang %s, pid %d, in %s)",
+        __version__,
+        sglang_version,
+        os.getpid(),
+        _calling_sglang_function(),
+    )

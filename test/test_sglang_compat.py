@@ -1,0 +1,55 @@
+"""The startup check refuses an SGLang it was not written against, naming both versions."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sglang_evs import plugin, sglang_compat
+from sglang_evs.testing.server import CPU_ENV
+
+
+def test_supported_version_passes():
+    assert sglang_compat.check_sglang_compatibility() == "0.5.23"
+
+
+def test_wrong_version_is_refused_with_both_versions_named():
+    with pytest.raises(sglang_compat.UnsupportedSGLangError) as info:
+        sglang_compat.check_sglang_compatibility(version="0.5.24")
+    assert "0.5.24" in str(info.value) and "0.5.23" in str(info.value)
+
+
+def test_missing_internal_is_refused(monkeypatch):
+    monkeypatch.setattr(
+        sglang_compat,
+        "REQUIRED_INTERNALS",
+        (*sglang_compat.REQUIRED_INTERNALS, ("sglang.srt.managers.mm_utils", "no_such_function")),
+    )
+    with pytest.raises(sglang_compat.UnsupportedSGLangError, match="no_such_function"):
+        sglang_compat.check_sglang_compatibility()
+
+
+def test_plugin_stops_the_process_on_a_wrong_version(monkeypatch):
+    monkeypatch.setattr(sglang_compat, "installed_sglang_version", lambda: "0.6.0")
+    monkeypatch.setattr(plugin, "_loaded_in_pid", None)
+    with pytest.raises(SystemExit, match="found SGLang 0.6.0"):
+        plugin.load_plugin()
+
+
+def test_launch_server_fails_loudly_on_a_faked_sglang_version(tmp_path, tiny_model_dir):
+    """A dist-info claiming sglang 0.9.9 ahead on sys.path is what importlib.metadata reports."""
+    fake = tmp_path / "fake_site"
+    dist_info = fake / "sglang-0.9.9.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.9.9\n")
+    env = {**os.environ, **CPU_ENV, "PYTHONPATH": str(fake)}
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode != 0
+    assert "sglang-evs supports SGLang 0.5.23 only, but found SGLang 0.9.9" in done.stderr
