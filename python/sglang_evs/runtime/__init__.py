@@ -1,0 +1,8 @@
+"""CPU runtime support: lets SGLang 0.5.23 serve on a machine without a GPU.
+
+`bootstrap` runs from a `.pth` file in every Python process and installs the
+lazy import hook in `import_fixes`. Each fix fires only where it is needed:
+the SGLang ones when `SGLANG_USE_CPU_ENGINE=1` and no real `sgl_kernel` is
+installed, the torchvision one only when torchvision's own ops failed to load.
+On a GPU install none of them does anything.
+"""

@@ -1,0 +1,32 @@
+"""Run at interpreter start (from `sglang_evs_cpu_runtime.pth`); must stay cheap.
+
+SGLang imports `sgl_kernel` and touches `torch.ops.sgl_kernel.*` at module
+import time, in the scheduler subprocess before `load_plugins()` runs there,
+so the plugin entry point is too late for these fixes: only an import hook
+installed at interpreter start reaches every process.
+"""
+
+import importlib.util
+import os
+import sys
+
+
+def sglang_cpu_fixes_wanted() -> bool:
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        return False
+    try:
+        return importlib.util.find_spec("sgl_kernel") is None
+    except (ImportError, ValueError):
+        return True
+
+
+def install() -> None:
+    if os.environ.get("SGLANG_EVS_DISABLE_CPU_RUNTIME") == "1":
+        return
+    from sglang_evs.runtime.import_fixes import CpuImportFixes
+
+    if not any(isinstance(f, CpuImportFixes) for f in sys.meta_path):
+        sys.meta_path.insert(0, CpuImportFixes(sglang_fixes=sglang_cpu_fixes_wanted()))
+
+
+install()

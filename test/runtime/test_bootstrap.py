@@ -1,0 +1,83 @@
+"""The CPU import fixes switch on only where they are needed, in fresh interpreters."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from sglang_evs.testing.server import CPU_ENV
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in CPU_ENV}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**base, **env},
+    )
+
+
+def test_without_cpu_engine_sgl_kernel_stays_absent():
+    done = run_python(
+        """
+        import importlib.util
+        assert importlib.util.find_spec("sgl_kernel") is None
+        try:
+            import sgl_kernel
+        except ModuleNotFoundError:
+            print("absent")
+        """
+    )
+    assert done.stdout.strip() == "absent", done.stderr
+
+
+def test_with_cpu_engine_sglang_imports_and_stand_in_is_strict():
+    done = run_python(
+        """
+        import sgl_kernel
+        from sgl_kernel import assign_req_to_token_pool_cpu, copy_all_layer_kv_cache_cpu
+        try:
+            from sgl_kernel import some_kernel_that_does_not_exist
+        except ImportError:
+            print("unknown name -> ImportError")
+        from sglang.srt.managers.multimodal_processor import PROCESSOR_MAPPING, import_processors
+        import_processors("sglang.srt.multimodal.processors")  # qwen_vl imports models/qwen3_5.py
+        import torch
+        assert hasattr(torch.ops.sgl_kernel, "fused_sigmoid_mul_cpu")
+        assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")  # would switch on AMX paths
+        print(sorted(cls.__name__ for cls in PROCESSOR_MAPPING if "Qwen3VL" in cls.__name__))
+        """,
+        SGLANG_USE_CPU_ENGINE="1",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "unknown name -> ImportError" in done.stdout
+    assert "Qwen3VLForConditionalGeneration" in done.stdout
+
+
+def test_torchvision_imports_and_resizes():
+    """PyPI's torchvision is a CUDA build; SGLang only needs its resize on CPU."""
+    done = run_python(
+        """
+        import torch, torchvision
+        from torchvision.transforms.functional import resize
+        assert resize(torch.zeros(3, 8, 8), [4, 4]).shape == (3, 4, 4)
+        boxes = torch.tensor([[0, 0, 10, 10], [1, 1, 11, 11], [20, 20, 30, 30]], dtype=torch.float32)
+        print(torch.ops.torchvision.nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5).tolist())
+        """
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[0, 2]"
+
+
+def test_opt_out_switch_disables_everything():
+    done = run_python(
+        """
+        import sys
+        print([type(f).__name__ for f in sys.meta_path])
+        """,
+        SGLANG_USE_CPU_ENGINE="1",
+        SGLANG_EVS_DISABLE_CPU_RUNTIME="1",
+    )
+    assert "CpuImportFixes" not in done.stdout
