@@ -1,0 +1,116 @@
+"""Start `python -m sglang.launch_server` as a subprocess on CPU and wait until it serves."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+CPU_SERVER_ARGS = (
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--max-total-tokens", "16384",
+)  # fmt: skip
+
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def start_server(
+    model_path: str | Path,
+    log_path: str | Path,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> subprocess.Popen:
+    port = port or free_port()
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_path),
+        "--host", "127.0.0.1", "--port", str(port),
+        *CPU_SERVER_ARGS, *extra_args,
+    ]  # fmt: skip
+    log = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
+    process = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **CPU_ENV, **(env or {})},
+        start_new_session=True,
+    )
+    process.port = port  # type: ignore[attr-defined]
+    return process
+
+
+def wait_healthy(base_url: str, process: subprocess.Popen, log_path: Path, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{Path(log_path).read_text()[-4000:]}")
+        try:
+            if requests.get(f"{base_url}/health_generate", timeout=10).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"server not healthy after {timeout}s:\n{Path(log_path).read_text()[-4000:]}")
+
+
+@contextmanager
+def running_server(
+    model_path: str | Path,
+    log_path: str | Path,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+) -> Iterator[RunningServer]:
+    """Launch, wait for /health_generate, yield, and always stop the whole process group."""
+    process = start_server(model_path, log_path, extra_args, env)
+    base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
+    try:
+        wait_healthy(base_url, process, Path(log_path), timeout)
+        yield RunningServer(base_url, process, Path(log_path))
+    finally:
+        stop(process)

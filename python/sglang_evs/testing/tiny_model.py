@@ -1,0 +1,218 @@
+"""Write a random-weight Qwen3-VL checkpoint that HF transformers and SGLang both load, offline.
+
+    python -m sglang_evs.testing.tiny_model OUT_DIR [--profile tiny|small] [--seed 0]
+
+Profiles:
+  tiny   seconds on CPU; for correctness tests.
+  small  a language model that dominates prefill time (vision tower stays
+         small), for performance ratios such as EVS time-to-first-token.
+"""
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+# Qwen-style chat template: one <|vision_start|><|..._pad|><|vision_end|> per medium.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif part['type'] == 'video' or 'video' in part or 'video_url' in part -%}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- elif 'text' in part -%}{{ part['text'] }}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "<|im_end|>\n"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+
+CORPUS = """The quick brown fox jumps over the lazy dog. Describe this image. What is
+happening in this video? A red square moves across a gray background. Count the objects.
+The answer is yes or no. Summarize the scene in one sentence. Which frame shows the ball?
+Numbers 0 1 2 3 4 5 6 7 8 9 10 seconds. user assistant system You are a helpful assistant.
+"""
+
+
+@dataclass(frozen=True)
+class Profile:
+    text_hidden: int
+    text_layers: int
+    text_heads: int
+    text_kv_heads: int
+    head_dim: int
+    text_intermediate: int
+    mrope_section: tuple[int, int, int]
+    vision_hidden: int
+    vision_depth: int
+    vision_heads: int
+    vision_intermediate: int
+    deepstack_indexes: tuple[int, ...]
+
+
+PROFILES = {
+    "tiny": Profile(64, 2, 4, 2, 16, 128, (4, 2, 2), 64, 2, 4, 128, (0, 1)),
+    "small": Profile(1024, 8, 16, 4, 64, 3072, (12, 10, 10), 64, 3, 4, 128, (0, 1, 2)),
+}
+
+
+VISION_OUTPUT_GAIN = 20.0
+
+
+def build_tokenizer(vocab_size: int = 400):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_config(profile: Profile, tokenizer):
+    from transformers import Qwen3VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    vocab = len(tokenizer)
+    return Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=vocab,
+            hidden_size=profile.text_hidden,
+            intermediate_size=profile.text_intermediate,
+            num_hidden_layers=profile.text_layers,
+            num_attention_heads=profile.text_heads,
+            num_key_value_heads=profile.text_kv_heads,
+            head_dim=profile.head_dim,
+            max_position_embeddings=32768,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=5_000_000.0,
+                mrope_section=list(profile.mrope_section),
+                mrope_interleaved=True,
+            ),
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=dict(
+            depth=profile.vision_depth,
+            hidden_size=profile.vision_hidden,
+            intermediate_size=profile.vision_intermediate,
+            num_heads=profile.vision_heads,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=profile.text_hidden,
+            num_position_embeddings=576,
+            deepstack_visual_indexes=list(profile.deepstack_indexes),
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+
+
+def build_processor(tokenizer):
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    # Pixel bounds as in the released Qwen3-VL preprocessor configs.
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        size={"shortest_edge": 65536, "longest_edge": 16777216},
+    )
+    video_processor = Qwen3VLVideoProcessor(
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        size={"shortest_edge": 4096, "longest_edge": 25165824},
+    )
+    return Qwen3VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_tiny_qwen3_vl(out_dir: str | Path, profile: str = "tiny", seed: int = 0) -> Path:
+    """Write config, safetensors weights, tokenizer, processor and chat template to out_dir."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    config = build_config(PROFILES[profile], tokenizer)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16)
+    # HF's init (std 0.02) leaves every layer's update tiny next to the
+    # residual stream, so the next token would depend on the last token only,
+    # and vision features come out ~20x weaker than text embeddings. Rescale so
+    # greedy tokens depend on the whole context, pixels included: otherwise a
+    # parity test would pass even if an image were ignored.
+    with torch.no_grad():
+        model.model.language_model.embed_tokens.weight.normal_(0.0, 1.0)
+        model.lm_head.weight.normal_(0.0, 0.5)
+        for module in model.model.language_model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, module.in_features**-0.5)
+        for name, module in model.model.visual.named_modules():
+            if name.endswith("linear_fc2") and "merger" in name:
+                module.weight.mul_(VISION_OUTPUT_GAIN)
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    build_processor(tokenizer).save_pretrained(out)
+    (out / "sglang_evs_profile.json").write_text(json.dumps({"profile": profile, "seed": seed}))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    path = build_tiny_qwen3_vl(args.out_dir, args.profile, args.seed)
+    print(f"wrote {args.profile} Qwen3-VL to {path}")
+
+
+if __name__ == "__main__":
+    main()

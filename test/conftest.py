@@ -1,0 +1,64 @@
+"""Shared fixtures: the tiny Qwen3-VL checkpoint, synthetic media, and a CPU server.
+
+The test command (scripts/run_tests.sh) exports the CPU environment
+(scripts/cpu_env.sh) before Python starts, so the CPU runtime's import hook
+is active in this process and in every server it launches.
+"""
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache"
+
+
+def _source_hash(*paths: Path) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def build_cached_model(profile: str) -> Path:
+    """Build the checkpoint once per version of the builder; later runs reuse it."""
+    from sglang_evs.testing import tiny_model
+
+    out = CACHE / "models" / f"{profile}-{_source_hash(Path(tiny_model.__file__))}"
+    if not (out / "model.safetensors").exists():
+        tiny_model.build_tiny_qwen3_vl(out, profile=profile)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    return build_cached_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def media_dir(tmp_path_factory) -> Path:
+    from sglang_evs.testing import media
+
+    out = tmp_path_factory.mktemp("media")
+    media.write_image(out / "image.png", seed=0)
+    media.write_image(out / "image2.png", seed=5)
+    for kind in media.CLIP_KINDS:
+        media.write_clip(out / f"{kind}.mp4", kind, num_frames=8, fps=4)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir, tmp_path_factory):
+    """One float32 server on the tiny model, shared by the end-to-end tests."""
+    from sglang_evs.testing.server import running_server
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with running_server(tiny_model_dir, log, ["--dtype", "float32"]) as server:
+        yield server
+
+
+def pytest_configure(config):
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
+        raise pytest.UsageError("run the tests through scripts/run_tests.sh (it sets the CPU environment)")
