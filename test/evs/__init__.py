@@ -1,0 +1,1 @@
+"""Tests of the pure-torch EVS core (sglang_evs.evs)."""
