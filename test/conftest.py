@@ -22,19 +22,27 @@ def _source_hash(*paths: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def build_cached_model(profile: str) -> Path:
+def build_cached_model(profile: str, arch: str = "qwen3_vl") -> Path:
     """Build the checkpoint once per version of the builder; later runs reuse it."""
     from sglang_evs.testing import tiny_model
 
-    out = CACHE / "models" / f"{profile}-{_source_hash(Path(tiny_model.__file__))}"
+    out = CACHE / "models" / f"{arch}-{profile}-{_source_hash(Path(tiny_model.__file__))}"
     if not (out / "model.safetensors").exists():
-        tiny_model.build_tiny_qwen3_vl(out, profile=profile)
+        if arch == "qwen2_vl":
+            tiny_model.build_tiny_qwen2_vl(out)
+        else:
+            tiny_model.build_tiny_qwen3_vl(out, profile=profile)
     return out
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     return build_cached_model("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_vl_dir() -> Path:
+    return build_cached_model("tiny", arch="qwen2_vl")
 
 
 @pytest.fixture(scope="session")

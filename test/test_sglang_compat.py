@@ -21,13 +21,15 @@ def test_wrong_version_is_refused_with_both_versions_named():
 
 
 def test_missing_internal_is_refused(monkeypatch):
-    monkeypatch.setattr(
-        sglang_compat,
-        "REQUIRED_INTERNALS",
-        (*sglang_compat.REQUIRED_INTERNALS, ("sglang.srt.managers.mm_utils", "no_such_function")),
-    )
+    internals = {**sglang_compat.INTERNALS, "gone": "sglang.srt.managers.mm_utils:no_such_function"}
+    monkeypatch.setattr(sglang_compat, "INTERNALS", internals)
+    monkeypatch.setattr(sglang_compat, "STARTUP_INTERNALS", (*sglang_compat.STARTUP_INTERNALS, "gone"))
     with pytest.raises(sglang_compat.UnsupportedSGLangError, match="no_such_function"):
         sglang_compat.check_sglang_compatibility()
+
+
+def test_every_internal_resolves_on_the_supported_version():
+    assert sglang_compat.missing_internals(tuple(sglang_compat.INTERNALS)) == []
 
 
 def test_plugin_stops_the_process_on_a_wrong_version(monkeypatch):

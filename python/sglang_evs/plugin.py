@@ -50,6 +50,7 @@ def load_plugin() -> None:
         # without the plugin would be silently wrong, so stop the process.
         _announce_logger().error("%s", exc)
         raise SystemExit(str(exc)) from exc
+    register_hooks()
     _announce_logger().info(
         "sglang-evs %s plugin loaded (sglang %s, pid %d, in %s)",
         __version__,
@@ -57,3 +58,34 @@ def load_plugin() -> None:
         os.getpid(),
         _calling_sglang_function(),
     )
+
+
+def register_hooks() -> None:
+    """Everything the plugin changes in SGLang; applied by SGLang's load_plugins() right after."""
+    from sglang_evs import sglang_compat as sglang
+    from sglang_evs.models import registry
+
+    around = sglang.HookType.AROUND
+    sglang.HookRegistry.register(sglang.EMBED_ROUTINE_TARGET, route_embed_routine, around)
+    sglang.HookRegistry.register(
+        "sglang.srt.models.registry._ModelRegistry.resolve_model_cls", registry.resolve_model_cls_around, around
+    )
+    # Our Qwen3-VL needs no tensor argument but input_embeds, so SGLang's
+    # breakable prefill CUDA graph may wrap its language model.
+    breakable = sglang.BREAKABLE_CUDA_GRAPH_MM_ARCHS
+    breakable.extend(arch for arch in registry.MODELS if arch not in breakable)
+
+
+def route_embed_routine(upstream, *args, **kwargs):
+    """AROUND hook on SGLang's general_mm_embed_routine.
+
+    Callers that still hand over deepstack through the routine's legacy
+    `use_deepstack` argument (upstream models we do not replace, e.g. Qwen3.5)
+    keep SGLang's own routine; every other caller gets the generic one.
+    """
+    if kwargs.get("use_deepstack"):
+        return upstream(*args, **kwargs)
+    kwargs.pop("use_deepstack", None)
+    from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
+
+    return general_mm_embed_routine(*args, **kwargs)

@@ -1,26 +1,63 @@
 """The one place that knows SGLang's internals.
 
-Every other module reaches SGLang through the names defined here, so moving
-to another SGLang release means reading this file against the new source.
+Every other module reaches SGLang through the names defined here
+(`sglang_compat.NAME`, resolved on first use), so moving to another SGLang
+release means reading this file against the new source.
 `check_sglang_compatibility()` runs when the plugin loads and refuses, loudly,
 any SGLang version or layout this package was not written against.
 """
 
 import importlib
 import importlib.metadata
+from typing import Any
 
 SUPPORTED_SGLANG_VERSION = "0.5.23"
 
-# Internals this package relies on: (module, attribute or None for the module itself).
-REQUIRED_INTERNALS: tuple[tuple[str, str | None], ...] = (
-    ("sglang.srt.plugins.hook_registry", "HookRegistry"),
-    ("sglang.srt.plugins.hook_registry", "HookType"),
-    ("sglang.srt.models.registry", "ModelRegistry"),
-)
+# name used in this package -> "module:attribute" in SGLang 0.5.23
+INTERNALS: dict[str, str] = {
+    # plugin machinery
+    "HookRegistry": "sglang.srt.plugins.hook_registry:HookRegistry",
+    "HookType": "sglang.srt.plugins.hook_registry:HookType",
+    "ModelRegistry": "sglang.srt.models.registry:ModelRegistry",
+    "BREAKABLE_CUDA_GRAPH_MM_ARCHS": (
+        "sglang.srt.configs.model_config:multimodal_breakable_cuda_graph_supported_model_archs"
+    ),
+    # the multimodal embedding routine we replace, and what ours builds on
+    "general_mm_embed_routine": "sglang.srt.managers.mm_utils:general_mm_embed_routine",
+    "get_embedding_and_mask": "sglang.srt.managers.mm_schedule:get_embedding_and_mask",
+    "scatter_mm_embedding": "sglang.srt.managers.mm_utils:_scatter_mm_embedding",
+    "mm_schedule": "sglang.srt.managers.mm_schedule:",
+    "Modality": "sglang.srt.managers.schedule_batch:Modality",
+    "ForwardBatch": "sglang.srt.model_executor.forward_batch_info:ForwardBatch",
+    "get_disagg": "sglang.srt.runtime_context:get_disagg",
+    "get_server_args": "sglang.srt.runtime_context:get_server_args",
+    # Qwen3-VL
+    "UpstreamQwen3VL": "sglang.srt.models.qwen3_vl:Qwen3VLForConditionalGeneration",
+    "UpstreamQwen3LLMModel": "sglang.srt.models.qwen3_vl:Qwen3LLMModel",
+    "UpstreamQwen3VLMoe": "sglang.srt.models.qwen3_vl_moe:Qwen3VLMoeForConditionalGeneration",
+    "UpstreamQwen3MoeLLMModel": "sglang.srt.models.qwen3_vl_moe:Qwen3MoeLLMModel",
+}
+# hook target (dotted path) of the routine the plugin replaces
+EMBED_ROUTINE_TARGET = "sglang.srt.managers.mm_utils.general_mm_embed_routine"
+
+# Checked at startup; the Qwen3-VL names are checked when those models load.
+STARTUP_INTERNALS = ("HookRegistry", "HookType", "ModelRegistry", "general_mm_embed_routine", "get_embedding_and_mask")
 
 
 class UnsupportedSGLangError(RuntimeError):
     """Raised at startup when the installed SGLang is not the one this plugin supports."""
+
+
+def resolve(name: str) -> Any:
+    module_name, _, attr = INTERNALS[name].partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr) if attr else module
+
+
+def __getattr__(name: str) -> Any:
+    if name in INTERNALS:
+        return resolve(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def installed_sglang_version() -> str:
@@ -30,16 +67,13 @@ def installed_sglang_version() -> str:
         return "not installed"
 
 
-def missing_internals() -> list[str]:
+def missing_internals(names: tuple[str, ...] = STARTUP_INTERNALS) -> list[str]:
     missing = []
-    for module_name, attr in REQUIRED_INTERNALS:
+    for name in names:
         try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            missing.append(f"{module_name} ({exc})")
-            continue
-        if attr is not None and not hasattr(module, attr):
-            missing.append(f"{module_name}.{attr}")
+            resolve(name)
+        except (ImportError, AttributeError) as exc:
+            missing.append(f"{INTERNALS[name]} ({exc})")
     return missing
 
 

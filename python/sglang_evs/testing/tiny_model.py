@@ -147,6 +147,95 @@ def build_config(profile: Profile, tokenizer):
     )
 
 
+def build_qwen2_vl_config(tokenizer):
+    """A tiny Qwen2-VL: a VLM with no model-specific embedding needs (no deepstack)."""
+    from transformers import Qwen2VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    return Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]),
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        ),
+        vision_config=dict(
+            depth=2,
+            embed_dim=64,
+            hidden_size=64,
+            mlp_ratio=2,
+            num_heads=4,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_chans=3,  # the released checkpoints carry it and SGLang 0.5.23 reads it
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+
+
+def build_qwen2_vl_processor(tokenizer):
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    size = {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
+    return Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size),
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size),
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_tiny_qwen2_vl(out_dir: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random Qwen2-VL (same tokenizer and weight rescaling as the Qwen3-VL builder)."""
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(build_qwen2_vl_config(tokenizer)).to(torch.bfloat16)
+    _make_context_matter(model, torch)
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    build_qwen2_vl_processor(tokenizer).save_pretrained(out)
+    return out
+
+
+def _make_context_matter(model, torch) -> None:
+    # HF's init (std 0.02) leaves every layer's update tiny next to the
+    # residual stream, so the next token would depend on the last token only,
+    # and vision features come out ~20x weaker than text embeddings. Rescale so
+    # greedy tokens depend on the whole context, pixels included: otherwise a
+    # parity test would pass even if an image were ignored.
+    with torch.no_grad():
+        model.model.language_model.embed_tokens.weight.normal_(0.0, 1.0)
+        model.lm_head.weight.normal_(0.0, 0.5)
+        for module in model.model.language_model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, module.in_features**-0.5)
+        for name, module in model.model.visual.named_modules():
+            if (
+                "merger" in name
+                and isinstance(module, torch.nn.Linear)
+                and module.out_features == model.config.text_config.hidden_size
+            ):
+                module.weight.mul_(VISION_OUTPUT_GAIN)
+
+
 def build_processor(tokenizer):
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
@@ -182,20 +271,7 @@ def build_tiny_qwen3_vl(out_dir: str | Path, profile: str = "tiny", seed: int = 
     config = build_config(PROFILES[profile], tokenizer)
     torch.manual_seed(seed)
     model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16)
-    # HF's init (std 0.02) leaves every layer's update tiny next to the
-    # residual stream, so the next token would depend on the last token only,
-    # and vision features come out ~20x weaker than text embeddings. Rescale so
-    # greedy tokens depend on the whole context, pixels included: otherwise a
-    # parity test would pass even if an image were ignored.
-    with torch.no_grad():
-        model.model.language_model.embed_tokens.weight.normal_(0.0, 1.0)
-        model.lm_head.weight.normal_(0.0, 0.5)
-        for module in model.model.language_model.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.weight.normal_(0.0, module.in_features**-0.5)
-        for name, module in model.model.visual.named_modules():
-            if name.endswith("linear_fc2") and "merger" in name:
-                module.weight.mul_(VISION_OUTPUT_GAIN)
+    _make_context_matter(model, torch)
     model.config.dtype = torch.bfloat16
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -208,10 +284,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="tiny")
+    parser.add_argument("--arch", choices=["qwen3_vl", "qwen2_vl"], default="qwen3_vl")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    path = build_tiny_qwen3_vl(args.out_dir, args.profile, args.seed)
-    print(f"wrote {args.profile} Qwen3-VL to {path}")
+    if args.arch == "qwen2_vl":
+        path = build_tiny_qwen2_vl(args.out_dir, args.seed)
+    else:
+        path = build_tiny_qwen3_vl(args.out_dir, args.profile, args.seed)
+    print(f"wrote {args.arch} ({args.profile}) to {path}")
 
 
 if __name__ == "__main__":

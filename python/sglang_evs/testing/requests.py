@@ -1,0 +1,66 @@
+"""Prompts and /generate calls shared by the end-to-end tests, the demo and the benchmarks."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+
+
+def chat_prompt(*media: str, text: str = "Describe this.") -> str:
+    """The tiny model's chat template, written out: media placeholders, then the text."""
+    return f"<|im_start|>user\n{''.join(media)}{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass(frozen=True)
+class Generation:
+    output_ids: list[int]
+    logprobs: list[float]  # of each generated token
+    top_logprobs: list[list[tuple[float, int]]]  # top-k (logprob, token id) at each step
+    prompt_tokens: int
+    cached_tokens: int
+    meta: dict = field(compare=False)  # ids and timings differ run to run
+
+
+def media_kwargs(images: Sequence[Path | str] = (), videos: Sequence[Path | str] = ()) -> dict:
+    out: dict = {}
+    if images:
+        out["image_data"] = [str(p) for p in images]
+    if videos:
+        out["video_data"] = [str(p) for p in videos]
+    return out
+
+
+def generate(base_url: str, prompt: str | list, max_new_tokens: int = 8, top_k: int = 5, **extra) -> list[Generation]:
+    """Greedy /generate with logprobs; a list prompt is sent as one batch request."""
+    body = {
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True,
+        "top_logprobs_num": top_k,
+        **extra,
+    }
+    response = requests.post(f"{base_url}/generate", json=body, timeout=300)
+    if response.status_code != 200:
+        raise RuntimeError(f"/generate answered {response.status_code}: {response.text[:2000]}")
+    outputs = response.json()
+    return [_generation(out) for out in (outputs if isinstance(outputs, list) else [outputs])]
+
+
+def _generation(out: dict) -> Generation:
+    meta = out["meta_info"]
+    return Generation(
+        output_ids=out["output_ids"],
+        logprobs=[entry[0] for entry in meta["output_token_logprobs"]],
+        top_logprobs=[[(entry[0], entry[1]) for entry in step] for step in meta["output_top_logprobs"]],
+        prompt_tokens=meta["prompt_tokens"],
+        cached_tokens=meta.get("cached_tokens", 0),
+        meta=meta,
+    )
+
+
+def flush_cache(base_url: str) -> None:
+    requests.post(f"{base_url}/flush_cache", timeout=60).raise_for_status()

@@ -1,0 +1,24 @@
+"""A VLM that needs nothing special (Qwen2-VL) serves through the plugin's routine exactly as upstream."""
+
+from sglang_evs import trace
+from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, generate, media_kwargs
+from sglang_evs.testing.server import running_server
+
+
+def test_qwen2_vl_bit_identical_with_and_without_plugin(tiny_qwen2_vl_dir, media_dir, tmp_path):
+    requests = [
+        (chat_prompt(IMAGE), media_kwargs(images=[media_dir / "image.png"])),
+        (chat_prompt(VIDEO), media_kwargs(videos=[media_dir / "moving.mp4"])),
+        (chat_prompt(IMAGE, VIDEO), media_kwargs(images=[media_dir / "image2.png"], videos=[media_dir / "noise.mp4"])),
+        (chat_prompt(text="Count the objects."), {}),
+    ]
+    trace_path = tmp_path / "trace.jsonl"
+    results = {}
+    for plugin, env in (("on", {"SGLANG_EVS_TRACE": str(trace_path)}), ("off", {"SGLANG_PLUGINS": "none"})):
+        args = ["--dtype", "float32", "--chunked-prefill-size", "48"]
+        with running_server(tiny_qwen2_vl_dir, tmp_path / f"{plugin}.log", args, env=env) as server:
+            results[plugin] = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in requests]
+    assert results["on"] == results["off"]
+    calls = trace.read(trace_path, "embed_routine")
+    assert {c["model"] for c in calls} == {"Qwen2VLForConditionalGeneration"}
+    assert sum(sum(c["media_rows"]) for c in calls) > 0  # media went through the routine
