@@ -70,6 +70,12 @@ def register_hooks() -> None:
     sglang.HookRegistry.register(
         "sglang.srt.models.registry._ModelRegistry.resolve_model_cls", registry.resolve_model_cls_around, around
     )
+    sglang.HookRegistry.register(
+        "sglang.srt.managers.multimodal_processor.import_processors", register_processors, sglang.HookType.AFTER
+    )
+    sglang.HookRegistry.register(
+        "sglang.srt.managers.schedule_batch.MultimodalInputs.compute_mm_token_counts", count_kept_video_tokens, around
+    )
     # Our Qwen3-VL needs no tensor argument but input_embeds, so SGLang's
     # breakable prefill CUDA graph may wrap its language model.
     breakable = sglang.BREAKABLE_CUDA_GRAPH_MM_ARCHS
@@ -89,3 +95,29 @@ def route_embed_routine(upstream, *args, **kwargs):
     from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
 
     return general_mm_embed_routine(*args, **kwargs)
+
+
+def register_processors(result, *args, **kwargs):
+    """AFTER hook on SGLang's import_processors: our Qwen3-VL processor replaces the upstream one."""
+    from sglang_evs import sglang_compat as sglang
+    from sglang_evs.processors.qwen3_vl import Qwen3VLEVSProcessor
+
+    mapping = sglang.PROCESSOR_MAPPING
+    names = {cls.__name__ for cls in Qwen3VLEVSProcessor.models}
+    for model_cls in [cls for cls in mapping if cls.__name__ in names]:
+        del mapping[model_cls]
+    mapping.update(dict.fromkeys(Qwen3VLEVSProcessor.models, Qwen3VLEVSProcessor))
+    return result
+
+
+def count_kept_video_tokens(upstream, mm_inputs):
+    """AROUND hook on MultimodalInputs.compute_mm_token_counts: a pruned video's region also holds
+    the framing text between its groups; report only its kept video tokens."""
+    from sglang_evs.processors.pruned_layout import VIDEO_TOKENS, is_pruned
+
+    image, audio, video = upstream(mm_inputs)
+    for item in mm_inputs.mm_items:
+        if item.is_video() and is_pruned(item) and item.offsets:
+            start, end = item.offsets[0]
+            video += item.model_specific_data[VIDEO_TOKENS][1] - (end - start + 1)
+    return image, audio, video

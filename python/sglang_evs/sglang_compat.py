@@ -31,6 +31,9 @@ INTERNALS: dict[str, str] = {
     "ForwardBatch": "sglang.srt.model_executor.forward_batch_info:ForwardBatch",
     "get_disagg": "sglang.srt.runtime_context:get_disagg",
     "get_server_args": "sglang.srt.runtime_context:get_server_args",
+    # multimodal processors (tokenizer process)
+    "UpstreamQwenVLProcessor": "sglang.srt.multimodal.processors.qwen_vl:QwenVLImageProcessor",
+    "PROCESSOR_MAPPING": "sglang.srt.managers.multimodal_processor:PROCESSOR_MAPPING",
     # Qwen3-VL
     "UpstreamQwen3VL": "sglang.srt.models.qwen3_vl:Qwen3VLForConditionalGeneration",
     "UpstreamQwen3LLMModel": "sglang.srt.models.qwen3_vl:Qwen3LLMModel",

@@ -9,14 +9,17 @@ there, so `input_embeds` is the only tensor input it needs.
 """
 
 import logging
+from collections import OrderedDict
 from dataclasses import replace
 
 import torch
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
+from sglang_evs.evs import PRUNING_RATE_SETTING, retention_mask, validate_pruning_rate
 from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
 from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
+from sglang_evs.processors.pruned_layout import RATE, REGION_IDS, REGION_POSITIONS, is_pruned, region_keep
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +96,84 @@ class Qwen3MoeLLMModel(_ReadsDeepstackFromBatch, sglang.UpstreamQwen3MoeLLMModel
     pass
 
 
+class _EVSVideo:
+    """Model mixin: EVS right after the vision tower, exact positions for whatever a chunk covers."""
+
+    _MASKS_KEPT = 4096  # keep-masks by item hash (video and rate): small bool tensors
+
+    def _init_evs(self, config) -> None:
+        validate_pruning_rate(getattr(config, PRUNING_RATE_SETTING, 0.0))  # fail at startup, naming it
+        self.evs_masks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.video_token_id = config.video_token_id
+        self.spatial_merge_size = config.vision_config.spatial_merge_size
+
+    def get_video_feature(self, items):
+        """All videos of the batch go through the vision tower together; pruned ones come back as
+        their filled region: [len(region), width] (framing slots: text embedding, zero deepstack)."""
+        features = super().get_video_feature(items)
+        if not any(is_pruned(item) for item in items):
+            return features
+        merge = self.spatial_merge_size
+        sizes = [int(item.video_grid_thw.reshape(-1, 3)[0].prod()) // merge**2 for item in items]
+        out = []
+        for item, rows in zip(items, features.split(sizes), strict=True):
+            if not is_pruned(item):
+                out.append(rows)
+                continue
+            grid = item.video_grid_thw.reshape(-1, 3)[0].tolist()
+            mask = retention_mask(rows, grid, merge, item.model_specific_data[RATE])
+            self._remember_mask(item.hash, mask)
+            out.append(self._fill_region(item, rows, mask))
+        return out
+
+    def _fill_region(self, item, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        region_ids = item.model_specific_data[REGION_IDS].to(rows.device)
+        ids = region_ids[region_keep(region_ids, self.video_token_id, mask)]
+        is_pad = ids == self.video_token_id
+        region = rows.new_zeros(ids.numel(), rows.shape[1])
+        region[is_pad] = rows[mask.to(rows.device)]
+        text = self.model.embed_tokens(ids[~is_pad])
+        region[~is_pad, : text.shape[1]] = text.to(region.dtype)
+        return region
+
+    def _remember_mask(self, key: int, mask: torch.Tensor) -> None:
+        self.evs_masks[key] = mask.cpu()
+        self.evs_masks.move_to_end(key)
+        while len(self.evs_masks) > self._MASKS_KEPT:
+            self.evs_masks.popitem(last=False)
+
+    def _mask_of(self, item) -> torch.Tensor:
+        mask = self.evs_masks.get(item.hash)
+        if mask is None:  # embedding-cache hit after the mask was forgotten: encode again
+            self.get_video_feature([item])
+            mask = self.evs_masks[item.hash]
+        return mask
+
+    def write_pruned_positions(self, layout: BatchLayout) -> None:
+        """Positions of the pruned videos' tokens in this forward, written in place.
+
+        Region positions = the unpruned region's positions with the pruned pads' rows deleted.
+        """
+        positions = layout.forward_batch.mrope_positions
+        token_base = 0
+        for mm_inputs, prefix, extend in layout.requests:
+            for item in mm_inputs.mm_items if mm_inputs is not None else ():
+                if not (item.is_video() and is_pruned(item)):
+                    continue
+                start, end = item.offsets[0][0], item.offsets[0][1] + 1
+                lo, hi = max(start, prefix), min(end, prefix + extend)
+                if lo >= hi:
+                    continue
+                region_ids = item.model_specific_data[REGION_IDS]
+                keep = region_keep(region_ids, self.video_token_id, self._mask_of(item))
+                exact = item.model_specific_data[REGION_POSITIONS][:, keep][:, lo - start : hi - start]
+                window = slice(token_base + lo - prefix, token_base + hi - prefix)
+                positions[:, window] = exact.to(positions.device, positions.dtype)
+                if trace.enabled():
+                    trace.record("evs_positions", item=item.hash, chunk=[prefix, prefix + extend], region=[lo, hi])
+            token_base += extend
+
+
 class _DeepstackOnBatch:
     """Model mixin: `post_process` puts deepstack on the batch; `forward` uses the generic routine."""
 
@@ -106,6 +187,8 @@ class _DeepstackOnBatch:
         logger.info("sglang-evs %s: %d deepstack levels travel on the ForwardBatch", type(self).__name__, levels)
 
     def post_process(self, fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]:
+        if layout.forward_batch.mrope_positions is not None and not layout.forward_batch.forward_mode.is_decode():
+            self.write_pruned_positions(layout)
         if self.deepstack is None:
             return fetched
         hidden = self.config.hidden_size
@@ -149,16 +232,18 @@ class _DeepstackOnBatch:
         return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch, aux_hidden_states)
 
 
-class Qwen3VLForConditionalGeneration(_DeepstackOnBatch, sglang.UpstreamQwen3VL):
+class Qwen3VLForConditionalGeneration(_DeepstackOnBatch, _EVSVideo, sglang.UpstreamQwen3VL):
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__(config, quant_config, prefix, sglang.UpstreamQwen3LLMModel)
         self._init_deepstack(Qwen3LLMModel)
+        self._init_evs(config)
 
 
-class Qwen3VLMoeForConditionalGeneration(_DeepstackOnBatch, sglang.UpstreamQwen3VLMoe):
+class Qwen3VLMoeForConditionalGeneration(_DeepstackOnBatch, _EVSVideo, sglang.UpstreamQwen3VLMoe):
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__(config, quant_config, prefix, sglang.UpstreamQwen3MoeLLMModel)
         self._init_deepstack(Qwen3MoeLLMModel)
+        self._init_evs(config)
 
 
 EntryClass = [Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration]

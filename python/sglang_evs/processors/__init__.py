@@ -1,0 +1,1 @@
+"""SGLang multimodal processors of sglang-evs (tokenizer-process side)."""

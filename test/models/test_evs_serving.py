@@ -1,0 +1,211 @@
+"""EVS served end to end on the tiny Qwen3-VL (float32): token counts, an HF oracle, chunking, mixes.
+
+The server's default rate is 0.5; requests override it with
+`mm_processor_kwargs={"video_pruning_rate": q}`.
+"""
+
+import asyncio
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_evs.evs import retained_token_count
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs
+from sglang_evs.testing.server import running_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
+from vllm_reference import compute_retention_mask  # noqa: E402  (the independent keep-mask oracle)
+
+SERVER_RATE = 0.5
+GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -> 4 groups of 10x10
+
+
+def rate(q: float) -> dict:
+    return {"mm_processor_kwargs": {"video_pruning_rate": q}}
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("evs_clips")
+    return {
+        kind: media.write_clip(out / f"{kind}.mp4", kind, num_frames=16, fps=4, seed=3)
+        for kind in ("moving", "noise", "static")
+    }
+
+
+@pytest.fixture(scope="module")
+def evs_server(tiny_model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("evs_server") / "server.log"
+    args = ["--dtype", "float32", "--json-model-override-args", f'{{"video_pruning_rate": {SERVER_RATE}}}']
+    with running_server(tiny_model_dir, log, args) as server:
+        yield server
+
+
+def video_request(server, clip, q=None, **extra):
+    kwargs = rate(q) if q is not None else {}
+    return generate(server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **kwargs, **extra)[0]
+
+
+@pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.75, 0.9])
+def test_prompt_tokens_drop_by_exactly_the_pruned_count(evs_server, clips, q):
+    unpruned = video_request(evs_server, clips["moving"], q=0.0)
+    served = video_request(evs_server, clips["moving"], q=q)
+    pruned = GROUPS * TOKENS_PER_GROUP - retained_token_count(TOKENS_PER_GROUP, GROUPS, q)
+    assert served.prompt_tokens == unpruned.prompt_tokens - pruned
+    assert served.meta["video_tokens"] == retained_token_count(TOKENS_PER_GROUP, GROUPS, q)
+
+
+def test_server_rate_is_the_default(evs_server, clips):
+    assert video_request(evs_server, clips["moving"]) == video_request(evs_server, clips["moving"], q=SERVER_RATE)
+
+
+def test_same_video_at_two_rates_shares_no_cached_video(evs_server, clips):
+    first = video_request(evs_server, clips["noise"], q=0.25)
+    again = video_request(evs_server, clips["noise"], q=0.25)
+    other = video_request(evs_server, clips["noise"], q=0.75)
+    assert again.cached_tokens >= first.prompt_tokens - 1  # everything but the last token
+    assert other.cached_tokens < 20  # only the text before the video
+
+
+# --- the independent oracle: HF transformers' Qwen3-VL given the kept tokens and reference positions
+
+
+@cache
+def hf(model_dir: str):
+    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+
+    return Qwen3VLForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32
+    ).eval(), AutoProcessor.from_pretrained(model_dir)
+
+
+def hf_pruned_greedy(model_dir: Path, clip: Path, q: float, steps: int = 8) -> tuple[list[int], int]:
+    """Reference rule (spec section 4) built from transformers' own modules, not this package."""
+    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
+    from sglang.srt.utils.common import load_video
+
+    model, processor = hf(str(model_dir))
+    prompt = chat_prompt(VIDEO)  # the same text the server gets
+    frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+    inputs = processor(
+        text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False, return_tensors="pt"
+    )
+    ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
+    cfg = model.config
+    with torch.no_grad():
+        positions, delta = model.model.get_rope_index(ids[None], inputs["mm_token_type_ids"], video_grid_thw=grid)
+        feats = model.model.get_video_features(inputs["pixel_values_videos"], grid)
+        main = torch.cat(list(feats.pooler_output))
+        levels = [torch.cat(list(per_video)) for per_video in feats.deepstack_features]
+        mask = compute_retention_mask(
+            torch.cat([main, *levels], dim=1), grid[0], cfg.vision_config.spatial_merge_size, q
+        )
+        is_pad = ids == cfg.video_token_id
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        keep[is_pad] = mask
+        embeds = model.model.language_model.embed_tokens(ids)
+        embeds[is_pad] = main
+        embeds, positions, visual = embeds[keep], positions[:, :, keep], is_pad[keep]
+        deepstack = [level[mask] for level in levels]
+        offset = int(delta) + int((~keep).sum())
+        tokens = []
+        for _ in range(steps):
+            out = model.model.language_model(
+                inputs_embeds=embeds[None], position_ids=positions, visual_pos_masks=visual[None],
+                deepstack_visual_embeds=deepstack,
+            )  # fmt: skip
+            token = int(model.lm_head(out.last_hidden_state[0, -1]).argmax())
+            tokens.append(token)
+            next_position = torch.full((3, 1, 1), embeds.shape[0] + offset)
+            embeds = torch.cat([embeds, model.model.language_model.embed_tokens(torch.tensor([token]))])
+            positions, visual = torch.cat([positions, next_position], dim=2), torch.cat([visual, torch.tensor([False])])
+    return tokens, int(keep.sum())
+
+
+@pytest.mark.parametrize("q", [0.5, 0.75])
+@pytest.mark.parametrize("clip", ["noise", "moving"])
+def test_greedy_tokens_equal_hf_oracle(evs_server, tiny_model_dir, clips, q, clip):
+    expected, prompt_len = hf_pruned_greedy(tiny_model_dir, clips[clip], q)
+    served = video_request(evs_server, clips[clip], q=q)
+    assert served.prompt_tokens == prompt_len
+    assert served.output_ids == expected
+
+
+# --- chunked prefill and the radix cache see the same positions
+
+
+def assert_same_generation(got, want, context) -> None:
+    """Tokens exactly; logprobs to 1e-4. Chunked prefill and radix hits compute attention in other
+    pieces than one prefill does, which rounds differently on CPU (upstream too: ~1e-7 here); a
+    wrong position moves logprobs by orders of magnitude more."""
+    assert got.output_ids == want.output_ids, context
+    assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4, context
+    got_top = [[t for _, t in step] for step in got.top_logprobs]
+    assert got_top == [[t for _, t in step] for step in want.top_logprobs], context
+
+
+def test_chunked_prefill_and_radix_hits_equal_single_chunk(tiny_model_dir, clips, tmp_path):
+    """Chunk sizes chosen to cut inside groups, on framing tokens and on the video's edges."""
+    image = media.write_image(tmp_path / "image.png", seed=2)
+    cases = [
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
+        (chat_prompt(IMAGE, VIDEO, VIDEO), media_kwargs(images=[image], videos=[clips["noise"], clips["moving"]])),
+    ]
+    results = {}
+    for chunk in (None, 7, 16, 33, 50):
+        args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
+        if chunk is not None:
+            args += ["--chunked-prefill-size", str(chunk)]
+        with running_server(tiny_model_dir, tmp_path / f"chunk-{chunk}.log", args) as server:
+            first = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
+            again = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
+        assert all(a.cached_tokens > 0 for a in again)
+        results[chunk] = first, again
+    reference = results[None][0]
+    for chunk, (first, again) in results.items():
+        for got, want in zip([*first, *again], [*reference, *reference], strict=True):
+            assert_same_generation(got, want, f"chunk size {chunk}")
+
+
+# --- several media per request and per batch
+
+
+def test_mixed_media_requests_equal_each_request_alone(evs_server, clips, media_dir):
+    image, image2 = media_dir / "image.png", media_dir / "image2.png"
+    cases = [
+        (chat_prompt(VIDEO, IMAGE), media_kwargs(images=[image], videos=[clips["moving"]])),
+        (chat_prompt(IMAGE, VIDEO), media_kwargs(images=[image2], videos=[clips["noise"]])),
+        (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[clips["noise"], clips["moving"]])),
+        (chat_prompt(IMAGE), media_kwargs(images=[image])),
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips["static"]])),
+        (chat_prompt(text="Count the objects."), {}),
+        (chat_prompt(VIDEO, IMAGE, VIDEO), media_kwargs(images=[image2], videos=[clips["static"], clips["noise"]])),
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
+    ]
+    alone = [generate(evs_server.base_url, p, **kw, **rate(0.75))[0] for p, kw in cases]
+    requests_ = [(p, {**kw, **rate(0.75), "rid": None}) for p, kw in cases]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(
+            pool.map(
+                lambda c: generate(evs_server.base_url, c[0], **{k: v for k, v in c[1].items() if k != "rid"})[0],
+                requests_,
+            )
+        )
+    for one, many in zip(alone, together, strict=True):
+        assert many.prompt_tokens == one.prompt_tokens
+        assert_same_generation(many, one, "batched vs alone")  # batched CPU GEMMs round differently
+
+
+def test_images_are_never_pruned(evs_server, media_dir):
+    """Bit-identical at q = 0.9 and q = 0 (cache flushed before each, so both prefill from scratch)."""
+    prompt, kwargs = chat_prompt(IMAGE, IMAGE), media_kwargs(images=[media_dir / "image.png", media_dir / "image2.png"])
+    runs = []
+    for q in (0.9, 0.0):
+        flush_cache(evs_server.base_url)
+        runs.append(generate(evs_server.base_url, prompt, **kwargs, **rate(q))[0])
+    assert runs[0] == runs[1]
