@@ -16,9 +16,7 @@ QWEN3_5_CPU_OPS = (
 
 
 def _op_exists(namespace: str, name: str) -> bool:
-    return torch._C._dispatch_has_kernel(f"{namespace}::{name}") or hasattr(
-        getattr(torch.ops, namespace), name
-    )
+    return torch._C._dispatch_has_kernel(f"{namespace}::{name}") or hasattr(getattr(torch.ops, namespace), name)
 
 
 def _not_available(name: str):

@@ -1,0 +1,88 @@
+"""Bad input gets a clear error and loses nothing: startup refuses a bad rate; bad requests get HTTP 400."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from sglang_evs.testing import media
+from sglang_evs.testing.server import CPU_ENV, CPU_SERVER_ARGS, running_server
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1", '"abc"', "NaN"])
+def test_startup_refuses_an_invalid_rate_naming_the_setting(tiny_model_dir, value):
+    args = ["--json-model-override-args", f'{{"video_pruning_rate": {value}}}']
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir), *CPU_SERVER_ARGS, *args],
+        capture_output=True, text=True, timeout=240, env={**os.environ, **CPU_ENV},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "video_pruning_rate must be a number in [0, 1)" in done.stdout + done.stderr
+
+
+def test_friendly_launch_flag_refuses_an_invalid_rate():
+    done = subprocess.run(
+        [sys.executable, "-m", "sglang_evs.launch_server", "--video-pruning-rate", "1.0", "--model-path", "x"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0 and "--video-pruning-rate: video_pruning_rate must be" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def bad_media(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bad_media")
+    good = media.write_clip(out / "good.mp4", "moving", num_frames=8, fps=4)
+    long = media.write_clip(out / "long.mp4", "moving", num_frames=16, fps=4)  # 4 groups: 400 video tokens
+    (out / "truncated.mp4").write_bytes(good.read_bytes()[:3000])
+    (out / "corrupt.mp4").write_bytes(b"this is not a video")
+    (out / "empty.mp4").write_bytes(b"")
+    media.write_clip(out / "one_frame.mp4", "moving", num_frames=1)
+    return {p.stem: p for p in out.iterdir()} | {"good": good, "long": long}
+
+
+def chat(server, video, q=None) -> requests.Response:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": f"file://{video}"}}, {"type": "text", "text": "hi"},
+        ]}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }  # fmt: skip
+    if q is not None:
+        body["mm_processor_kwargs"] = {"video_pruning_rate": q}
+    return requests.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
+
+
+def test_bad_requests_get_400_and_good_ones_keep_succeeding(tiny_model_dir, bad_media, tmp_path):
+    args = [
+        "--dtype",
+        "float32",
+        "--context-length",
+        "300",
+        "--json-model-override-args",
+        '{"video_pruning_rate": 0.5}',
+    ]
+    bad = [
+        (bad_media["good"], 1.5, "video_pruning_rate must be a number in [0, 1), got 1.5"),
+        (bad_media["good"], -0.5, "video_pruning_rate must be a number in [0, 1)"),
+        (bad_media["good"], "fast", "video_pruning_rate must be a number in [0, 1), got 'fast'"),
+        (bad_media["truncated"], None, "Could not decode"),
+        (bad_media["corrupt"], None, "Could not decode"),
+        (bad_media["empty"], None, "Could not decode"),
+        (bad_media["one_frame"], None, "nframes"),
+        (bad_media["long"], 0.0, "longer than the model's context length"),  # 451 tokens unpruned
+    ]
+    with running_server(tiny_model_dir, tmp_path / "server.log", args) as server:
+        reference = chat(server, bad_media["good"]).json()["choices"][0]["message"]["content"]
+        assert chat(server, bad_media["long"]).status_code == 200  # fits once pruned at q = 0.5
+        for i in range(50):
+            video, q, message = bad[i % len(bad)]
+            response = chat(server, video, q)
+            assert response.status_code == 400, (video, q, response.text)
+            assert message in response.json()["message"]
+            good = chat(server, bad_media["good"])
+            assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"] == reference
+        assert server.alive()

@@ -1,0 +1,96 @@
+"""The tokenizer-side rewrite: pruned length, final positions outside the video, rate-aware hashes."""
+
+import torch
+
+from sglang_evs.evs import retained_token_count
+from sglang_evs.processors import pruned_layout
+from sglang_evs.processors.qwen3_vl import request_pruning_rate, server_pruning_rate
+
+VIDEO, VS, VE, IMG = 9, 7, 8, 6
+
+
+class Item:
+    """The parts of SGLang's MultimodalDataItem the rewrite touches."""
+
+    def __init__(self, modality, offsets, grid=None, content=0):
+        self.modality, self.offsets, self.model_specific_data = modality, offsets, {}
+        self.video_grid_thw = grid
+        self.hash = None
+        self.content = content
+
+    def is_video(self):
+        return self.modality == "video"
+
+    def set(self, key, value):
+        self.model_specific_data[key] = value
+
+    def set_pad_value(self):
+        self.hash = 1000 + self.content
+
+    def set_hash(self, value):
+        self.hash = value
+
+
+class Output:
+    def __init__(self, ids, items, positions, delta):
+        self.input_ids, self.mm_items, self.mrope_positions, self.mrope_position_delta = ids, items, positions, delta
+
+    @staticmethod
+    def build_padded_input_ids(ids, items):
+        return ["padded", len(ids)]
+
+
+def video_output():
+    """text(2) | image(4) | text(1) | video of 3 groups, m=1, grid (3,1,2): [ts VS p p VE] x3 | text(2)."""
+    ids, offsets = [1, 2, IMG, IMG, IMG, IMG, 3], []
+    for ts in (11, 12, 13):
+        ids += [ts, VS]
+        offsets.append((len(ids), len(ids) + 1))
+        ids += [VIDEO, VIDEO, VE]
+    ids += [4, 5]
+    positions = torch.arange(3 * len(ids)).reshape(3, len(ids)) * 10
+    items = [Item("image", [(2, 5)]), Item("video", offsets, torch.tensor([[3, 1, 2]]))]
+    return Output(ids, items, positions, torch.tensor([[-7]]))
+
+
+def test_video_shrinks_by_the_pruned_count_and_everything_else_keeps_its_place():
+    out = video_output()
+    ids_before, positions_before = list(out.input_ids), out.mrope_positions.clone()
+    (stats,) = pruned_layout.prune_video_layout(out, 0.5, spatial_merge_size=1, video_token_id=VIDEO)
+    kept = retained_token_count(2, 3, 0.5)
+    assert (stats.before, stats.after) == (6, kept)
+    assert len(out.input_ids) == len(ids_before) - (6 - kept)
+    image, video = out.mm_items
+    assert image.offsets == [(2, 5)]
+    start, end = video.offsets[0]
+    assert out.input_ids[:start] == ids_before[:9] and out.input_ids[end + 1 :] == ids_before[-3:]
+    assert torch.equal(out.mrope_positions[:, end + 1 :], positions_before[:, -3:])  # final already
+    assert end - start + 1 == len(ids_before) - 3 - 9 - (6 - kept)
+    assert int(out.mrope_position_delta) == -7 + (6 - kept)
+    assert torch.equal(video.model_specific_data[pruned_layout.REGION_IDS], torch.tensor(ids_before[9:-3]))
+    assert out.padded_input_ids == ["padded", len(out.input_ids)]
+
+
+def test_rate_is_part_of_the_cache_key():
+    a, b, c = video_output(), video_output(), video_output()
+    pruned_layout.prune_video_layout(a, 0.5, 1, VIDEO)
+    pruned_layout.prune_video_layout(b, 0.25, 1, VIDEO)
+    pruned_layout.prune_video_layout(c, 0.5, 1, VIDEO)
+    assert a.mm_items[1].hash == c.mm_items[1].hash != b.mm_items[1].hash
+
+
+def test_region_keep_follows_the_mask_over_pads():
+    region = torch.tensor([VIDEO, VIDEO, VE, 12, VS, VIDEO, VIDEO])
+    keep = pruned_layout.region_keep(region, VIDEO, torch.tensor([True, True, False, True]))
+    assert keep.tolist() == [True, True, True, True, True, False, True]
+
+
+def test_rate_settings():
+    class Config:
+        video_pruning_rate = 0.25
+
+    class Request:
+        mm_processor_kwargs = {"video_pruning_rate": 0.75}
+
+    assert server_pruning_rate(Config()) == 0.25 and server_pruning_rate(object()) == 0.0
+    assert request_pruning_rate(Request(), 0.25) == 0.75 and request_pruning_rate(object(), 0.25) == 0.25
