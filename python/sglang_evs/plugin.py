@@ -76,6 +76,11 @@ def register_hooks() -> None:
     sglang.HookRegistry.register(
         "sglang.srt.managers.schedule_batch.MultimodalInputs.compute_mm_token_counts", count_kept_video_tokens, around
     )
+    sglang.HookRegistry.register(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_batch_output",
+        _add_usage_to_meta_info,
+        around,
+    )
     # Our Qwen3-VL needs no tensor argument but input_embeds, so SGLang's
     # breakable prefill CUDA graph may wrap its language model.
     breakable = sglang.BREAKABLE_CUDA_GRAPH_MM_ARCHS
@@ -121,3 +126,9 @@ def count_kept_video_tokens(upstream, mm_inputs):
             start, end = item.offsets[0]
             video += item.model_specific_data[VIDEO_TOKENS][1] - (end - start + 1)
     return image, audio, video
+
+
+async def _add_usage_to_meta_info(upstream, *args, **kwargs):
+    from sglang_evs.processors.usage import add_usage_to_meta_info
+
+    return await add_usage_to_meta_info(upstream, *args, **kwargs)

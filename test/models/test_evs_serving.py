@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 
 from sglang_evs.evs import retained_token_count
@@ -41,7 +42,8 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def evs_server(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("evs_server") / "server.log"
-    args = ["--dtype", "float32", "--json-model-override-args", f'{{"video_pruning_rate": {SERVER_RATE}}}']
+    args = ["--dtype", "float32", "--enable-metrics"]
+    args += ["--json-model-override-args", f'{{"video_pruning_rate": {SERVER_RATE}}}']
     with running_server(tiny_model_dir, log, args) as server:
         yield server
 
@@ -60,8 +62,46 @@ def test_prompt_tokens_drop_by_exactly_the_pruned_count(evs_server, clips, q):
     assert served.meta["video_tokens"] == retained_token_count(TOKENS_PER_GROUP, GROUPS, q)
 
 
+def evs_metrics(server) -> dict[str, float]:
+    lines = requests.get(f"{server.base_url}/metrics", timeout=30).text.splitlines()
+    return {k: float(v) for k, v in (ln.split() for ln in lines if ln.startswith("sglang_evs_"))}
+
+
+def test_what_evs_saved_is_reported_per_request_and_per_server(evs_server, clips):
+    before = evs_metrics(evs_server)
+    served = video_request(evs_server, clips["noise"], q=0.75)
+    kept = retained_token_count(TOKENS_PER_GROUP, GROUPS, 0.75)
+    assert served.meta["video_tokens_before_pruning"] == GROUPS * TOKENS_PER_GROUP
+    assert served.meta["video_tokens_after_pruning"] == served.meta["video_tokens"] == kept
+    assert served.meta["video_pruning_rate"] == 0.75
+    after = evs_metrics(evs_server)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["sglang_evs_video_tokens_before_pruning_total"] == GROUPS * TOKENS_PER_GROUP
+    assert delta["sglang_evs_video_tokens_after_pruning_total"] == kept
+    assert delta["sglang_evs_pruned_videos_total"] == 1
+
+
+def test_openai_client_sets_the_rate_per_request(evs_server, clips):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{evs_server.base_url}/v1", api_key="none")
+    content = [{"type": "video_url", "video_url": {"url": f"file://{clips['moving']}"}}, {"type": "text", "text": "hi"}]
+    usage = {
+        q: client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": content}], max_tokens=2,
+            extra_body={"mm_processor_kwargs": {"video_pruning_rate": q}},
+        ).usage
+        for q in (0.0, 0.75)
+    }  # fmt: skip
+    assert usage[0.0].prompt_tokens - usage[0.75].prompt_tokens == GROUPS * TOKENS_PER_GROUP - TOKENS_PER_GROUP
+    assert usage[0.75].prompt_tokens_details.video_tokens == TOKENS_PER_GROUP
+
+
 def test_server_rate_is_the_default(evs_server, clips):
-    assert video_request(evs_server, clips["moving"]) == video_request(evs_server, clips["moving"], q=SERVER_RATE)
+    default = video_request(evs_server, clips["static"])
+    explicit = video_request(evs_server, clips["static"], q=SERVER_RATE)
+    assert explicit.prompt_tokens == default.prompt_tokens and explicit.output_ids == default.output_ids
+    assert explicit.cached_tokens >= default.prompt_tokens - 1  # same cache key: same rate
 
 
 def test_same_video_at_two_rates_shares_no_cached_video(evs_server, clips):

@@ -26,8 +26,17 @@ def record_usage(rid, pruning_rate: float, videos) -> None:
             _by_request.popitem(last=False)
 
 
-def pop_usage(rid: str) -> dict | None:
-    return _by_request.pop(rid, None)
+async def add_usage_to_meta_info(upstream, manager, recv_obj, *args, **kwargs):
+    """AROUND hook on TokenizerManager._handle_batch_output: put each pruned request's counts into
+    the meta info of the output it just produced (usage reaches OpenAI clients from there)."""
+    states = {rid: manager.rid_to_state.get(rid) for rid in recv_obj.rids if rid in _by_request}
+    result = await upstream(manager, recv_obj, *args, **kwargs)
+    for rid, state in states.items():
+        if state is not None and state.out_list:
+            state.out_list[-1]["meta_info"].update(_by_request[rid])
+        if state is None or state.finished:
+            _by_request.pop(rid, None)
+    return result
 
 
 def _count(before: int, after: int, videos: int) -> None:
