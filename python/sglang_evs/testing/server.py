@@ -17,6 +17,7 @@ CPU_SERVER_ARGS = (
     "--device", "cpu",
     "--attention-backend", "torch_native",
     "--max-total-tokens", "16384",
+    "--sleep-on-idle",  # an idle scheduler otherwise busy-polls a whole core
 )  # fmt: skip
 
 CPU_ENV = {
