@@ -9,6 +9,7 @@ there, so `input_embeds` is the only tensor input it needs.
 """
 
 import logging
+import os
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -96,6 +97,19 @@ class Qwen3MoeLLMModel(_ReadsDeepstackFromBatch, sglang.UpstreamQwen3MoeLLMModel
     pass
 
 
+def encoder_patch_budget(device: torch.device) -> int:
+    """Most patches per vision-tower call when EVS batches videos across requests (0: no limit).
+
+    SGLang's CPU vision attention (sdpa) builds a dense [patches, patches] mask for a call, so
+    memory grows with the square of the batch: bounded on CPU, unbounded where attention is
+    varlen (CUDA). SGLANG_EVS_ENCODER_PATCH_BUDGET overrides.
+    """
+    configured = os.environ.get("SGLANG_EVS_ENCODER_PATCH_BUDGET")
+    if configured is not None:
+        return int(configured)
+    return 8192 if device.type == "cpu" else 0
+
+
 class _EVSVideo:
     """Model mixin: EVS right after the vision tower, exact positions for whatever a chunk covers."""
 
@@ -108,15 +122,18 @@ class _EVSVideo:
         self.spatial_merge_size = config.vision_config.spatial_merge_size
 
     def get_video_feature(self, items):
-        """All videos of the batch go through the vision tower together; pruned ones come back as
-        their filled region: [len(region), width] (framing slots: text embedding, zero deepstack)."""
-        features = super().get_video_feature(items)
+        """Videos of the batch go through the vision tower together (in groups of at most
+        `encoder_patch_budget` patches); pruned ones come back as their filled region:
+        [len(region), width] (framing slots: text embedding, zero deepstack)."""
         if not any(is_pruned(item) for item in items):
-            return features
+            return super().get_video_feature(items)
         merge = self.spatial_merge_size
-        sizes = [int(item.video_grid_thw.reshape(-1, 3)[0].prod()) // merge**2 for item in items]
+        patches = [int(item.video_grid_thw.reshape(-1, 3)[0].prod()) for item in items]
+        features = torch.cat(
+            [super(_EVSVideo, self).get_video_feature(group) for group in self._encoder_groups(items, patches)]
+        )
         out = []
-        for item, rows in zip(items, features.split(sizes), strict=True):
+        for item, rows in zip(items, features.split([n // merge**2 for n in patches]), strict=True):
             if not is_pruned(item):
                 out.append(rows)
                 continue
@@ -125,6 +142,17 @@ class _EVSVideo:
             self._remember_mask(item.hash, mask)
             out.append(self._fill_region(item, rows, mask))
         return out
+
+    def _encoder_groups(self, items: list, patches: list[int]) -> list[list]:
+        """Consecutive items, each group within the patch budget (a larger video goes alone)."""
+        budget = encoder_patch_budget(self.model.embed_tokens.weight.device)
+        groups, total = [[]], 0
+        for item, n in zip(items, patches, strict=True):
+            if groups[-1] and budget and total + n > budget:
+                groups, total = [*groups, []], 0
+            groups[-1].append(item)
+            total += n
+        return groups
 
     def _fill_region(self, item, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         region_ids = item.model_specific_data[REGION_IDS].to(rows.device)
