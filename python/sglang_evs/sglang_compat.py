@@ -70,9 +70,9 @@ def installed_sglang_version() -> str:
         return "not installed"
 
 
-def missing_internals(names: tuple[str, ...] = STARTUP_INTERNALS) -> list[str]:
+def missing_internals(names: tuple[str, ...] | None = None) -> list[str]:
     missing = []
-    for name in names:
+    for name in STARTUP_INTERNALS if names is None else names:
         try:
             resolve(name)
         except (ImportError, AttributeError) as exc:

@@ -104,10 +104,11 @@ def test_server_rate_is_the_default(evs_server, clips):
     assert explicit.cached_tokens >= default.prompt_tokens - 1  # same cache key: same rate
 
 
-def test_same_video_at_two_rates_shares_no_cached_video(evs_server, clips):
-    first = video_request(evs_server, clips["noise"], q=0.25)
-    again = video_request(evs_server, clips["noise"], q=0.25)
-    other = video_request(evs_server, clips["noise"], q=0.75)
+def test_same_video_at_two_rates_shares_no_cached_video(evs_server, tmp_path):
+    clip = media.write_clip(tmp_path / "unseen.mp4", "noise", num_frames=16, fps=4, seed=11)  # not cached yet
+    first = video_request(evs_server, clip, q=0.25)
+    again = video_request(evs_server, clip, q=0.25)
+    other = video_request(evs_server, clip, q=0.75)
     assert again.cached_tokens >= first.prompt_tokens - 1  # everything but the last token
     assert other.cached_tokens < 20  # only the text before the video
 
