@@ -1,0 +1,65 @@
+"""Launch the server a benchmark talks to: on CPU through the test harness, elsewhere as given.
+
+`server_args` are extra `sglang.launch_server` arguments. Without ``--device`` or with
+``--device cpu`` the CPU harness (`sglang_evs.testing.server.running_server`) adds its CPU
+arguments and environment; with any other device (``--device cuda``) the command is
+``python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P SERVER_ARGS`` and
+nothing CPU-specific is set.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from sglang_evs.testing.server import RunningServer, free_port, running_server, stop, wait_healthy
+
+
+def on_cpu(server_args: Sequence[str]) -> bool:
+    """True unless ``--device X`` (or ``--device=X``) names something other than cpu."""
+    args = list(server_args)
+    for i, arg in enumerate(args):
+        if arg == "--device" and i + 1 < len(args):
+            return args[i + 1] == "cpu"
+        if arg.startswith("--device="):
+            return arg.split("=", 1)[1] == "cpu"
+    return True
+
+
+def rate_args(pruning_rate: float | None) -> list[str]:
+    """Server arguments that set EVS's ``video_pruning_rate`` (none for None)."""
+    if pruning_rate is None:
+        return []
+    return ["--json-model-override-args", json.dumps({"video_pruning_rate": pruning_rate})]
+
+
+@contextmanager
+def serving(
+    model_path: str | Path,
+    log_path: str | Path,
+    server_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> Iterator[RunningServer]:
+    """Start a server, wait until /health_generate answers, yield it, always stop its process group."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    if on_cpu(server_args):
+        with running_server(model_path, log_path, server_args, env, timeout) as server:
+            yield server
+        return
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+           "--host", "127.0.0.1", "--port", str(port), *server_args]  # fmt: skip
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base_url, process, Path(log_path), timeout)
+        yield RunningServer(base_url, process, Path(log_path))
+    finally:
+        stop(process)

@@ -1,0 +1,52 @@
+"""MMMU and Video-MME command lines end to end on their fixtures, against one tiny-model server.
+
+The random model's accuracy means nothing: only its range and the per-subject counts are checked.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_evs.bench import mmmu_fixture, videomme_fixture
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """A server of this module only, stopped before the next module (one server at a time)."""
+    from sglang_evs.testing.server import running_server
+
+    log = tmp_path_factory.mktemp("accuracy-server") / "server.log"
+    with running_server(tiny_model_dir, log, ["--dtype", "float32"]) as running:
+        yield running
+
+
+def run(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_mmmu_cli_on_fixture(server, tmp_path):
+    mmmu_fixture.write_fixture(tmp_path / "data")
+    out = tmp_path / "mmmu.json"
+    run("sglang_evs.bench.mmmu", "--data-dir", str(tmp_path / "data"), "--base-url", server.base_url,
+        "--max-tokens", "4", "--num-threads", "4", "--output", str(out))  # fmt: skip
+    result = json.loads(out.read_text())
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert {s: r["num"] for s, r in result["per_subject"].items()} == mmmu_fixture.FIXTURE
+    assert result["metrics"]["Overall"]["num"] == sum(mmmu_fixture.FIXTURE.values())
+    assert result["metrics"]["output_throughput"] > 0  # the server answered
+
+
+def test_videomme_cli_on_fixture(server, tmp_path):
+    videomme_fixture.write_fixture(tmp_path / "data")
+    out = tmp_path / "videomme.json"
+    run("sglang_evs.bench.videomme", "--data-dir", str(tmp_path / "data"), "--base-url", server.base_url,
+        "--max-tokens", "4", "--output", str(out))  # fmt: skip
+    result = json.loads(out.read_text())["server"]
+    num = len(videomme_fixture.VIDEOS) * len(videomme_fixture.QUESTIONS)
+    assert result["num"] == num and len(result["replies"]) == num
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert result["per_duration"]["short"]["num"] == num
+    assert result["mean_prompt_tokens"] > 100  # video tokens reached the server

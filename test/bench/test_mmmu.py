@@ -1,0 +1,49 @@
+"""MMMU fixture and local loader, checked through SGLang's own MMMUVLMEval sample preparation (no server)."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from sglang_evs.bench import mmmu, mmmu_fixture
+
+
+@pytest.fixture(scope="module")
+def fixture_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mmmu")
+    assert mmmu_fixture.write_fixture(out) == mmmu_fixture.FIXTURE
+    return out
+
+
+def test_read_subject_gives_hub_columns_and_images(fixture_dir):
+    rows = mmmu.read_subject(fixture_dir, "Math")
+    assert len(rows) == mmmu_fixture.FIXTURE["Math"]
+    assert set(rows[0]) == set(mmmu.COLUMNS)
+    assert rows[0]["image_1"].size == (64, 64) and rows[0]["image_2"] is None
+    assert eval(rows[0]["options"]) == mmmu_fixture.COLORS  # a Python-literal list, as on the hub
+    with pytest.raises(FileNotFoundError):
+        mmmu.read_subject(fixture_dir, "Physics")
+
+
+def test_sglang_mmmu_eval_prepares_every_fixture_question(fixture_dir):
+    eval_module = mmmu.use_local_data(fixture_dir)
+    samples = eval_module.MMMUVLMEval(num_examples=None, num_threads=1).samples
+    counts = {s: sum(x["category"] == s for x in samples) for s in mmmu_fixture.FIXTURE}
+    assert counts == mmmu_fixture.FIXTURE
+    open_ones = [x for x in samples if x["question_type"] == "open"]
+    assert len(open_ones) == 1 and open_ones[0]["all_choices"] is None
+    mc = next(x for x in samples if x["question_type"] == "multiple-choice")
+    assert mc["all_choices"] == ["A", "B", "C", "D"] and "A. red" in mc["final_input_prompt"]
+    assert mc["image_data"].startswith("data:image/png;base64,")
+    limited = eval_module.MMMUVLMEval(num_examples=3, num_threads=1).samples
+    assert [x["id"] for x in limited] == sorted(x["id"] for x in samples)[:3]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="parquet needs pyarrow")
+def test_parquet_layout_reads_like_jsonl(fixture_dir, tmp_path):
+    mmmu_fixture.write_fixture(tmp_path, fmt="parquet")
+    assert (tmp_path / "README.md").read_text().count("config_name") == len(mmmu_fixture.FIXTURE)
+    for subject in mmmu_fixture.FIXTURE:
+        a, b = mmmu.read_subject(fixture_dir, subject), mmmu.read_subject(tmp_path, subject)
+        assert [r["id"] for r in a] == [r["id"] for r in b] and [r["answer"] for r in a] == [r["answer"] for r in b]
+        assert np.array_equal(np.asarray(a[0]["image_1"]), np.asarray(b[0]["image_1"]))

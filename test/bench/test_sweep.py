@@ -1,0 +1,124 @@
+"""Sweep arithmetic on synthetic numbers, report/plot, and one short end-to-end sweep on the tiny model."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_evs.bench import sweep
+from sglang_evs.bench.launch import on_cpu, rate_args
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def video(ttft: float, tokens: float) -> dict:
+    return {"mean_ttft_ms": ttft, "mean_prompt_tokens": tokens, "request_throughput": 1.0}
+
+
+def synthetic_rows() -> list[dict]:
+    return [
+        {"rate": 0.0, "video": video(1000.0, 500.0), "prefill_ms": 600.0},
+        {"rate": 0.5, "video": video(800.0, 280.0), "prefill_ms": 300.0},
+    ]
+
+
+def test_summarize_bench_uses_server_tokens_of_successful_requests():
+    record = {"completed": 2, "mean_ttft_ms": 5.0, "median_ttft_ms": 4.0, "request_throughput": 3.0,
+              "total_input_tokens": 10, "input_lens": [400, 410, 999], "errors": ["", "", "boom"]}  # fmt: skip
+    summary = sweep.summarize_bench(record)
+    assert summary["mean_prompt_tokens"] == 405 and summary["completed"] == 2 and summary["mean_ttft_ms"] == 5.0
+
+
+def test_ideal_and_ratios():
+    rows = synthetic_rows()
+    encoder = sweep.add_ratios(rows)
+    assert encoder == 400.0  # E = TTFT(0) - P(n_0)
+    q0, q5 = rows
+    assert q0["ideal_ttft_ms"] == 1000.0 and q0["measured_over_ideal"] == 1.0
+    assert q5["ideal_ttft_ms"] == 700.0  # E + P(n_0.5)
+    assert q5["measured_over_ideal"] == pytest.approx(800 / 700)
+    assert q5["ttft_vs_q0"] == pytest.approx(0.8) and q5["tokens_vs_q0"] == pytest.approx(0.56)
+
+
+def test_reference_tokens_drop_only_the_video_part():
+    assert sweep.reference_tokens(500, 20, 0.0) == 500
+    assert sweep.reference_tokens(500, 20, 0.75) == pytest.approx(20 + 0.25 * 480)
+
+
+def test_paired_ratio():
+    ratio = sweep.paired_ratio([(110.0, 100.0), (90.0, 100.0), (130.0, 100.0)])
+    assert ratio["per_pair"] == pytest.approx([1.1, 0.9, 1.3])
+    assert ratio["mean"] == pytest.approx(1.1) and ratio["ratio_of_medians"] == pytest.approx(1.1)
+
+
+def test_report_says_when_evs_is_not_active():
+    rows = synthetic_rows()
+    rows[1]["video"]["mean_prompt_tokens"] = 500.0
+    result = {"mode": "sweep", "encoder_ms": sweep.add_ratios(rows), "rows": rows, "evs_active": False,
+              "image_qmax_vs_q0": {"tokens": 1.0, "ttft": 1.0}}  # fmt: skip
+    assert "EVS pruning is not active" in sweep.report(result)
+    result["evs_active"] = True
+    assert "not active" not in sweep.report(result)
+    assert "0.800" in sweep.report(result)  # TTFT/q0 of q=0.5
+
+
+def test_plot_writes_png(tmp_path):
+    rows = synthetic_rows()
+    sweep.add_ratios(rows)
+    for row in rows:
+        row["reference_tokens"] = 1.0
+    rows[0]["image"] = video(10.0, 80.0)
+    path = sweep.plot_sweep({"rows": rows}, tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_launch_helpers():
+    assert on_cpu([]) and on_cpu(["--dtype", "float32", "--device", "cpu"])
+    assert not on_cpu(["--device", "cuda"]) and not on_cpu(["--device=cuda"])
+    assert rate_args(None) == []
+    assert json.loads(rate_args(0.75)[1]) == {"video_pruning_rate": 0.75}
+
+
+def test_datasets_shim_makes_sglang_bench_importable():
+    from sglang_evs.bench.datasets_shim import ensure_datasets_importable
+
+    real = ensure_datasets_importable()
+    import datasets
+
+    if not real:
+        with pytest.raises(ImportError):
+            datasets.load_dataset("MMMU/MMMU")
+    from sglang.benchmark.serving import cli_main
+
+    assert callable(cli_main)
+
+
+def test_end_to_end_sweep_two_rates(tiny_model_dir, tmp_path):
+    start = time.monotonic()
+    cmd = [sys.executable, str(REPO / "benchmark/evs_sweep.py"), "--model", str(tiny_model_dir), "--out",
+           str(tmp_path), "--rates", "0", "0.5", "--num-prompts", "2", "--image-prompts", "1", "--prefill-reps", "1",
+           "--seconds", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    q0, q5 = result["rows"]
+    assert (q0["rate"], q5["rate"]) == (0.0, 0.5)
+    for row in (q0, q5):
+        assert row["video"]["completed"] == 2 and row["video"]["mean_prompt_tokens"] > 100
+        assert row["image"]["completed"] == 1 and row["prefill_ms"] > 0
+    assert q5["image"]["mean_prompt_tokens"] == q0["image"]["mean_prompt_tokens"]  # images are never pruned
+    assert q5["video"]["mean_prompt_tokens"] <= q0["video"]["mean_prompt_tokens"]
+    assert result["evs_active"] == (q5["video"]["mean_prompt_tokens"] < q0["video"]["mean_prompt_tokens"])
+    assert q0["measured_over_ideal"] == pytest.approx(1.0)
+    assert Path(result["plot"]).read_bytes()[:4] == b"\x89PNG"
+    assert "measured/ideal" in proc.stdout
+    print(f"end-to-end sweep took {time.monotonic() - start:.0f} s")
+
+
+def test_plugin_loaded_reads_the_announcement_line():
+    log = "x\n[t] sglang-evs 0.1.0 plugin loaded (sglang 0.5.23, pid 1, in run_scheduler_process)\n"
+    assert sweep.plugin_loaded(log)
+    assert not sweep.plugin_loaded("Skipping plugin sglang_evs (not in SGLANG_PLUGINS)\nsglang-evs\nplugin loaded (")
