@@ -30,8 +30,7 @@ def test_breakable_prefill_graph_matches_eager(tiny_model_dir, media_dir, tmp_pa
     results = {}
     for backend in ("breakable", "disabled"):
         args = [*GPU_ARGS, "--cuda-graph-backend-prefill", backend]
-        env = {"SGLANG_USE_CPU_ENGINE": "0"}
-        with running_server(tiny_model_dir, tmp_path / f"{backend}.log", args, env=env) as server:
+        with running_server(tiny_model_dir, tmp_path / f"{backend}.log", args, cpu=False) as server:
             results[backend] = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
             log = server.log()
         if backend == "breakable":

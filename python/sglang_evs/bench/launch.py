@@ -8,14 +8,11 @@ nothing CPU-specific is set.
 """
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from sglang_evs.testing.server import RunningServer, free_port, running_server, stop, wait_healthy
+from sglang_evs.testing.server import RunningServer, running_server
 
 
 def on_cpu(server_args: Sequence[str]) -> bool:
@@ -46,20 +43,5 @@ def serving(
 ) -> Iterator[RunningServer]:
     """Start a server, wait until /health_generate answers, yield it, always stop its process group."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    if on_cpu(server_args):
-        with running_server(model_path, log_path, server_args, env, timeout) as server:
-            yield server
-        return
-    port = free_port()
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-           "--host", "127.0.0.1", "--port", str(port), *server_args]  # fmt: skip
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(base_url, process, Path(log_path), timeout)
-        yield RunningServer(base_url, process, Path(log_path))
-    finally:
-        stop(process)
+    with running_server(model_path, log_path, server_args, env, timeout, cpu=on_cpu(server_args)) as server:
+        yield server

@@ -65,20 +65,22 @@ def start_server(
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     port: int | None = None,
+    cpu: bool = True,
 ) -> subprocess.Popen:
+    """`cpu=False` adds none of the CPU arguments and environment (a GPU run names its own)."""
     port = port or free_port()
     cmd = [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_path),
         "--host", "127.0.0.1", "--port", str(port),
-        *CPU_SERVER_ARGS, *extra_args,
+        *(CPU_SERVER_ARGS if cpu else ()), *extra_args,
     ]  # fmt: skip
     log = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
     process = subprocess.Popen(
         cmd,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, **CPU_ENV, **(env or {})},
+        env={**os.environ, **(CPU_ENV if cpu else {}), **(env or {})},
         start_new_session=True,
     )
     process.port = port  # type: ignore[attr-defined]
@@ -106,9 +108,10 @@ def running_server(
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     timeout: float = 240,
+    cpu: bool = True,
 ) -> Iterator[RunningServer]:
     """Launch, wait for /health_generate, yield, and always stop the whole process group."""
-    process = start_server(model_path, log_path, extra_args, env)
+    process = start_server(model_path, log_path, extra_args, env, cpu=cpu)
     base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
     try:
         wait_healthy(base_url, process, Path(log_path), timeout)
