@@ -15,6 +15,7 @@ from pathlib import Path
 import requests
 
 from sglang_evs.testing import media, tiny_model
+from sglang_evs.testing.requests import flush_cache
 from sglang_evs.testing.server import running_server
 
 CACHE = Path(".cache/demo")
@@ -46,6 +47,7 @@ def serve_once(model: Path, video: Path, pruning_rate: float) -> tuple[dict, flo
     log = CACHE / f"server-q{pruning_rate}.log"
     with running_server(model, log, args) as server:
         ask(server.base_url, video)  # warm-up: first-request compile and allocation costs
+        flush_cache(server.base_url)  # so the measured request prefills from scratch
         return ask(server.base_url, video)
 
 
