@@ -102,14 +102,31 @@ def build_tokenizer(vocab_size: int = 400):
     return tokenizer
 
 
+def _token_id_fields(tokenizer) -> tuple[dict, dict]:
+    """The tokenizer's special ids as (text-config fields, top-level fields) of a Qwen-VL config."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = {
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+    top = {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "tie_word_embeddings": False,
+    }
+    return text, top
+
+
 def build_config(profile: Profile, tokenizer):
     from transformers import Qwen3VLConfig
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    vocab = len(tokenizer)
+    text_ids, top_ids = _token_id_fields(tokenizer)
     return Qwen3VLConfig(
         text_config=dict(
-            vocab_size=vocab,
+            vocab_size=len(tokenizer),
             hidden_size=profile.text_hidden,
             intermediate_size=profile.text_intermediate,
             num_hidden_layers=profile.text_layers,
@@ -123,9 +140,7 @@ def build_config(profile: Profile, tokenizer):
                 mrope_section=list(profile.mrope_section),
                 mrope_interleaved=True,
             ),
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
+            **text_ids,
         ),
         vision_config=dict(
             depth=profile.vision_depth,
@@ -139,11 +154,7 @@ def build_config(profile: Profile, tokenizer):
             num_position_embeddings=576,
             deepstack_visual_indexes=list(profile.deepstack_indexes),
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
+        **top_ids,
     )
 
 
@@ -151,7 +162,7 @@ def build_qwen2_vl_config(tokenizer):
     """A tiny Qwen2-VL: a VLM with no model-specific embedding needs (no deepstack)."""
     from transformers import Qwen2VLConfig
 
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text_ids, top_ids = _token_id_fields(tokenizer)
     return Qwen2VLConfig(
         text_config=dict(
             vocab_size=len(tokenizer),
@@ -162,9 +173,7 @@ def build_qwen2_vl_config(tokenizer):
             num_key_value_heads=2,
             max_position_embeddings=32768,
             rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]),
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
+            **text_ids,
         ),
         vision_config=dict(
             depth=2,
@@ -177,11 +186,7 @@ def build_qwen2_vl_config(tokenizer):
             temporal_patch_size=2,
             in_chans=3,  # the released checkpoints carry it and SGLang 0.5.23 reads it
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
+        **top_ids,
     )
 
 
@@ -199,19 +204,28 @@ def build_qwen2_vl_processor(tokenizer):
 
 def build_tiny_qwen2_vl(out_dir: str | Path, seed: int = 0) -> Path:
     """Write a tiny random Qwen2-VL (same tokenizer and weight rescaling as the Qwen3-VL builder)."""
-    import torch
     from transformers import Qwen2VLForConditionalGeneration
+
+    tokenizer = build_tokenizer()
+    return _write_checkpoint(
+        out_dir, Qwen2VLForConditionalGeneration, build_qwen2_vl_config(tokenizer), tokenizer,
+        build_qwen2_vl_processor(tokenizer), seed,
+    )  # fmt: skip
+
+
+def _write_checkpoint(out_dir, model_cls, config, tokenizer, processor, seed: int) -> Path:
+    """Seeded random bf16 weights (rescaled, see _make_context_matter), tokenizer and processor."""
+    import torch
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(build_qwen2_vl_config(tokenizer)).to(torch.bfloat16)
+    model = model_cls(config).to(torch.bfloat16)
     _make_context_matter(model, torch)
     model.config.dtype = torch.bfloat16
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    build_qwen2_vl_processor(tokenizer).save_pretrained(out)
+    processor.save_pretrained(out)
     return out
 
 
@@ -262,20 +276,13 @@ def build_processor(tokenizer):
 
 def build_tiny_qwen3_vl(out_dir: str | Path, profile: str = "tiny", seed: int = 0) -> Path:
     """Write config, safetensors weights, tokenizer, processor and chat template to out_dir."""
-    import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     config = build_config(PROFILES[profile], tokenizer)
-    torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16)
-    _make_context_matter(model, torch)
-    model.config.dtype = torch.bfloat16
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    build_processor(tokenizer).save_pretrained(out)
+    out = _write_checkpoint(
+        out_dir, Qwen3VLForConditionalGeneration, config, tokenizer, build_processor(tokenizer), seed
+    )
     (out / "sglang_evs_profile.json").write_text(json.dumps({"profile": profile, "seed": seed}))
     return out
 
