@@ -47,12 +47,8 @@ def test_lines_are_chat_requests_with_absolute_file_urls(dataset):
 
 
 def test_sglang_openai_loader_accepts_the_dataset(dataset, tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from sglang_evs.bench.datasets_shim import ensure_datasets_importable
-
-    ensure_datasets_importable()
     from sglang.benchmark.datasets.openai_dataset import sample_openai_requests
+    from transformers import AutoTokenizer
 
     rows = sample_openai_requests(str(dataset), 3, AutoTokenizer.from_pretrained(tiny_model_dir))
     assert len(rows) == 3

@@ -1,7 +1,5 @@
 """MMMU fixture and local loader, checked through SGLang's own MMMUVLMEval sample preparation (no server)."""
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -39,7 +37,6 @@ def test_sglang_mmmu_eval_prepares_every_fixture_question(fixture_dir):
     assert [x["id"] for x in limited] == sorted(x["id"] for x in samples)[:3]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="parquet needs pyarrow")
 def test_parquet_layout_reads_like_jsonl(fixture_dir, tmp_path):
     mmmu_fixture.write_fixture(tmp_path, fmt="parquet")
     assert (tmp_path / "README.md").read_text().count("config_name") == len(mmmu_fixture.FIXTURE)

@@ -82,20 +82,6 @@ def test_launch_helpers():
     assert json.loads(rate_args(0.75)[1]) == {"video_pruning_rate": 0.75}
 
 
-def test_datasets_shim_makes_sglang_bench_importable():
-    from sglang_evs.bench.datasets_shim import ensure_datasets_importable
-
-    real = ensure_datasets_importable()
-    import datasets
-
-    if not real:
-        with pytest.raises(ImportError):
-            datasets.load_dataset("MMMU/MMMU")
-    from sglang.benchmark.serving import cli_main
-
-    assert callable(cli_main)
-
-
 def test_end_to_end_sweep_two_rates(tiny_model_dir, tmp_path):
     start = time.monotonic()
     cmd = [sys.executable, str(REPO / "benchmark/evs_sweep.py"), "--model", str(tiny_model_dir), "--out",

@@ -4,12 +4,18 @@ Each configuration runs the same requests on two float32 servers: plugin on,
 and plugin off (`SGLANG_PLUGINS=none`: SGLang loads no plugin, so its own
 Qwen3-VL and embedding routine serve). Greedy tokens, the logprob of every
 generated token and the top-5 logprobs at every step must be equal exactly.
-Inside the plugin server, an event trace shows where deepstack went.
+Inside the plugin server, an event trace shows where deepstack went. SGLang's MMMU eval
+(`sglang_evs.bench.mmmu` on the generated fixture) must score the same, answer by answer.
 """
+
+import json
+import subprocess
+import sys
 
 import pytest
 
 from sglang_evs import trace
+from sglang_evs.bench import mmmu_fixture
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs
 from sglang_evs.testing.server import running_server
 
@@ -47,10 +53,21 @@ def run_all(base_url: str, media, names: list[str]) -> dict:
     return results
 
 
+def run_mmmu(base_url: str, data_dir, out) -> dict:
+    """The MMMU command line, one question at a time (a batch is not bit-reproducible on CPU)."""
+    cmd = [sys.executable, "-m", "sglang_evs.bench.mmmu", "--data-dir", str(data_dir), "--base-url", base_url,
+           "--max-tokens", "6", "--num-threads", "1", "--output", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, media_dir, tmp_path_factory):
     """{(config, plugin): results}, plus the plugin servers' trace paths."""
     work = tmp_path_factory.mktemp("upstream_parity")
+    mmmu_data = work / "mmmu"
+    mmmu_fixture.write_fixture(mmmu_data)
     names = list(scenarios(media_dir))
     out: dict = {"trace": {}}
     for config, extra in (("single_chunk", []), ("chunked", CHUNKED)):
@@ -60,6 +77,8 @@ def served(tiny_model_dir, media_dir, tmp_path_factory):
             log = work / f"server-{config}-{plugin}.log"
             with running_server(tiny_model_dir, log, ["--dtype", "float32", *extra], env=env) as server:
                 out[config, plugin] = run_all(server.base_url, media_dir, names)
+                if config == "single_chunk":
+                    out["mmmu", plugin] = run_mmmu(server.base_url, mmmu_data, work / f"mmmu-{plugin}.json")
                 out["log", config, plugin] = server.log()
             if plugin == "on":
                 out["trace"][config] = trace_path
@@ -90,10 +109,19 @@ def test_mixed_batch_matches_upstream(served, config):
         assert max(abs(a - b) for a, b in zip(mine.logprobs, theirs.logprobs, strict=True)) < 1e-4
 
 
+def test_mmmu_at_q0_scores_as_upstream_answer_by_answer(served):
+    ours, upstream = served["mmmu", "on"], served["mmmu", "off"]
+    assert len(ours["replies"]) == sum(mmmu_fixture.FIXTURE.values())
+    assert any(ours["replies"].values())  # the model answered something
+    assert ours["replies"] == upstream["replies"]
+    assert (ours["accuracy"], ours["per_subject"]) == (upstream["accuracy"], upstream["per_subject"])
+
+
 def test_plugin_model_served_and_upstream_did_not(served):
-    assert "Qwen3VLForConditionalGeneration: 2 deepstack levels travel on the ForwardBatch" in served[
-        "log", "single_chunk", "on"
-    ]
+    assert (
+        "Qwen3VLForConditionalGeneration: 2 deepstack levels travel on the ForwardBatch"
+        in served["log", "single_chunk", "on"]
+    )
     assert "plugin loaded" not in served["log", "single_chunk", "off"]
 
 

@@ -7,7 +7,8 @@ Runs ``sglang.test.run_eval.run_eval`` with ``eval_name="mmmu"`` in this process
 ``MMMUVLMEval`` unchanged: its sample selection (sorted by id, first ``--limit``), prompt, chat
 sampler, answer parsing and per-subject/domain table. The one substitution: the eval module's
 ``load_dataset("MMMU/MMMU", subject, split="validation")`` (a hub download) reads
-``DIR/<Subject>/`` instead, and ``datasets`` need not be installed (``datasets_shim``).
+``DIR/<Subject>/`` instead. The result also keeps each question's reply, so that two servers
+(say, the plugin at q=0 and upstream SGLang) can be compared answer by answer, not only by score.
 
 DIR layouts (columns as on the hub: id, question, options (a Python-literal list as a string),
 explanation, image_1..image_7, img_type, answer, topic_difficulty, question_type, subfield):
@@ -74,9 +75,6 @@ def read_subject(data_dir: str | Path, subject: str, split: str = "validation") 
 
 def use_local_data(data_dir: str | Path):
     """Point SGLang's MMMU eval module at ``data_dir``; return the module (``MMMUVLMEval`` inside)."""
-    from sglang_evs.bench.datasets_shim import ensure_datasets_importable
-
-    ensure_datasets_importable()
     from sglang.test import simple_eval_mmmu_vlm as mmmu_eval
 
     root = Path(data_dir).resolve()
@@ -101,8 +99,9 @@ def run_mmmu(
     num_threads: int = 8,
     model: str | None = None,
 ) -> dict:
-    """SGLang's MMMU eval on local data. Returns ``{"accuracy", "per_subject": {subj: {num, acc}}, "metrics"}``.
+    """SGLang's MMMU eval on local data.
 
+    Returns ``{"accuracy", "per_subject": {subj: {num, acc}}, "replies": {id: text}, "metrics"}``;
     ``metrics`` is SGLang's dict (subjects, ``Overall-<domain>``, ``Overall``, ``score``, ``latency``,
     ``output_throughput`` when any tokens came back).
     """
@@ -113,10 +112,22 @@ def run_mmmu(
         eval_name="mmmu", base_url=base_url, host=None, port=None, model=model, num_examples=limit,
         num_threads=num_threads, max_tokens=max_tokens, temperature=None, top_p=None, repeat=1, api="chat",
     )  # fmt: skip
-    metrics = run_eval.run_eval(args)
+    replies: dict[str, str] = {}
+    evaluate = mmmu_eval.MMMUVLMEval.__call__
+
+    def evaluate_keeping_replies(self, sampler):
+        result = evaluate(self, sampler)  # one conversation per sample, in sample order
+        replies.update((s["id"], c[-1]["content"]) for s, c in zip(self.samples, result.convos, strict=True))
+        return result
+
+    mmmu_eval.MMMUVLMEval.__call__ = evaluate_keeping_replies
+    try:
+        metrics = run_eval.run_eval(args)
+    finally:
+        mmmu_eval.MMMUVLMEval.__call__ = evaluate
     subjects = {s for subs in mmmu_eval.MMMUVLMEval.DOMAIN_CAT2SUB_CAT.values() for s in subs}
     per_subject = {k: v for k, v in metrics.items() if k in subjects}
-    return {"accuracy": metrics["score"], "per_subject": per_subject, "metrics": metrics}
+    return {"accuracy": metrics["score"], "per_subject": per_subject, "replies": replies, "metrics": metrics}
 
 
 def main() -> None:

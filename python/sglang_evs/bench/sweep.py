@@ -105,13 +105,13 @@ def run_bench_serving(
     max_concurrency: int | None = 1,
     extra_args: Sequence[str] = (),
 ) -> dict:
-    """Run ``sglang.bench_serving`` (via the datasets-free entry point) and return its output record.
+    """Run ``python -m sglang.bench_serving`` and return its output record.
 
     Its own warm-up is off: it would send the first dataset request, whose media would then be cached
     when that request is measured; call :func:`warm_up` (other media) first instead.
     """
     out_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "sglang_evs.bench.bench_serving", "--backend", "sglang-oai-chat",
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat",
            "--base-url", base_url, "--num-prompts", str(num_prompts), *dataset_args,
            "--output-file", str(out_file), "--output-details", "--warmup-requests", "0", "--flush-cache",
            "--seed", "0", *extra_args]  # fmt: skip
