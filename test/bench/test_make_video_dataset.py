@@ -65,3 +65,11 @@ def test_clips_decode_and_static_share_is_honored(dataset):
         assert frames.shape == (8, 48, 80, 3)
         change = np.abs(frames[1:].astype(int) - frames[:-1].astype(int)).max()
         assert (change <= 8) if clip["kind"] == "static" else (change > 100), (clip, change)
+
+
+def test_warmup_clip_has_the_shape_of_the_clips_and_is_in_no_request(dataset):
+    warmup = dataset.parent / "warmup.mp4"
+    assert decode(warmup).shape == decode(dataset.parent / "clip_000.mp4").shape == (8, 48, 80, 3)
+    assert "warmup.mp4" not in dataset.read_text()
+    clips = {c["file"] for c in json.loads((dataset.parent / "clips.json").read_text())}
+    assert not any(np.array_equal(decode(warmup), decode(dataset.parent / f)) for f in clips)

@@ -52,6 +52,23 @@ def test_paired_ratio():
     ratio = sweep.paired_ratio([(110.0, 100.0), (90.0, 100.0), (130.0, 100.0)])
     assert ratio["per_pair"] == pytest.approx([1.1, 0.9, 1.3])
     assert ratio["mean"] == pytest.approx(1.1) and ratio["ratio_of_medians"] == pytest.approx(1.1)
+    assert ratio["geometric_mean"] == pytest.approx((1.1 * 0.9 * 1.3) ** (1 / 3))
+    # equal speeds, but whichever runs second is 10 % slower; the order alternates
+    alternating = sweep.paired_ratio([(1.0, 1.1), (1.1, 1.0)])
+    assert alternating["geometric_mean"] == pytest.approx(1.0) and alternating["mean"] > 1.004
+
+
+def test_paired_ideal_takes_e_from_q0_pairs_and_medians():
+    samples = {
+        0.0: [{"video_ms": v, "prefill_ms": p, "tokens": 900} for v, p in ((7000, 5500), (6000, 5000), (9000, 5200))],
+        0.75: [{"video_ms": v, "prefill_ms": p, "tokens": 300} for v, p in ((3000, 1900), (3300, 2000), (2900, 2100))],
+    }
+    result = sweep.paired_ideal(samples, 0.75)
+    assert result["encoder_ms"] == 1500  # median of 1500, 1000, 3800: an outlier pair does not move it
+    assert result["ideal_ms"] == 1500 + 2000
+    assert result["measured_over_ideal"] == pytest.approx(3000 / 3500)
+    assert result["ttft_vs_q0"] == pytest.approx(3000 / 7000)
+    assert "measured/ideal 0.857" in sweep.report({"mode": "paired", **result})
 
 
 def test_report_says_when_evs_is_not_active():

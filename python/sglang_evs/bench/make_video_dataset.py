@@ -3,7 +3,9 @@
     python -m sglang_evs.bench.make_video_dataset OUT_DIR [--num 8] [--static-share 0.5] [--kind moving|noise]
         [--object-size 12] [--seconds 4] [--size 64x64] [--fps 4] [--max-tokens 8] [--seed 0]
 
-Writes ``OUT_DIR/clip_000.mp4 ...``, ``OUT_DIR/clips.json`` (kind of each clip) and
+Writes ``OUT_DIR/clip_000.mp4 ...``, ``OUT_DIR/clips.json`` (kind of each clip),
+``OUT_DIR/warmup.mp4`` (one more clip of the same shape, in no request: benchmarks warm the server up
+on it, so that the first measured request does not pay for the first prefill of this size) and
 ``OUT_DIR/dataset.jsonl``, one OpenAI chat request per line, as read by
 
     python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name openai \\
@@ -28,6 +30,7 @@ import numpy as np
 from sglang_evs.testing import media
 
 PROMPT = "Describe what happens in this video."
+WARMUP_CLIP = "warmup.mp4"
 
 
 def clip_kinds(num: int, static_share: float, kind: str, seed: int) -> list[str]:
@@ -86,6 +89,10 @@ def make_video_dataset(
         )  # fmt: skip
         clips.append({"file": path.name, "kind": clip_kind, "num_frames": num_frames, "fps": fps})
         lines.append(json.dumps(request_line(path, max_tokens)))
+    media.write_clip(
+        out / WARMUP_CLIP, kind, fps=fps, num_frames=num_frames, height=height, width=width, seed=seed + num,
+        object_size=object_size,
+    )  # fmt: skip
     (out / "clips.json").write_text(json.dumps(clips, indent=1))
     dataset = out / "dataset.jsonl"
     dataset.write_text("\n".join(lines) + "\n")

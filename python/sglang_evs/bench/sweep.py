@@ -88,10 +88,31 @@ def add_ratios(rows: list[dict]) -> float:
 
 
 def paired_ratio(pairs: Sequence[tuple[float, float]]) -> dict:
-    """``[(a, b), ...]`` measured side by side -> per-pair ``a/b``, their mean, and median(a)/median(b)."""
+    """``[(a, b), ...]`` measured side by side -> per-pair ``a/b``, their mean and geometric mean, and
+    median(a)/median(b).
+
+    With the order alternating between pairs, a slowdown of whichever runs second multiplies one
+    pair's ratio by f and the next one's by 1/f: the geometric mean cancels it, the mean does not.
+    """
     per_pair = [a / b for a, b in pairs]
     medians = statistics.median(a for a, _ in pairs) / statistics.median(b for _, b in pairs)
-    return {"per_pair": per_pair, "mean": statistics.fmean(per_pair), "ratio_of_medians": medians}
+    return {"per_pair": per_pair, "mean": statistics.fmean(per_pair),
+            "geometric_mean": statistics.geometric_mean(per_pair), "ratio_of_medians": medians}  # fmt: skip
+
+
+def paired_ideal(samples: dict[float, list[dict]], rate: float) -> dict:
+    """Interleaved samples ``{0.0: [...], rate: [...]}``, each ``{"video_ms", "prefill_ms", "tokens"}`` (the
+    latency of one video request and of a text-only request of its prompt length, back to back) ->
+    medians, ``E = median(video_ms - prefill_ms)`` over the q=0 samples, ``ideal = E + median prefill_ms``
+    at ``rate``, ``measured_over_ideal`` and ``ttft_vs_q0`` (both from medians).
+    """
+    med = {q: {k: statistics.median(s[k] for s in samples[q]) for k in ("video_ms", "prefill_ms", "tokens")}
+           for q in (0.0, rate)}  # fmt: skip
+    enc = statistics.median(s["video_ms"] - s["prefill_ms"] for s in samples[0.0])
+    ideal = enc + med[rate]["prefill_ms"]
+    return {"rate": rate, "medians": {str(q): m for q, m in med.items()}, "encoder_ms": enc, "ideal_ms": ideal,
+            "measured_over_ideal": med[rate]["video_ms"] / ideal,
+            "ttft_vs_q0": med[rate]["video_ms"] / med[0.0]["video_ms"]}  # fmt: skip
 
 
 # ---------------------------------------------------------------- measurements
@@ -127,30 +148,54 @@ def run_bench_serving(
     return record
 
 
-def video_bench(base_url: str, dataset: Path, out_file: Path, num_prompts: int, concurrency: int = 1) -> dict:
-    """bench_serving on a make_video_dataset JSONL -> summarize_bench figures."""
+def per_request_rate(rate: float) -> dict:
+    """Request-body fields that set EVS's pruning rate for one request (overriding the server's)."""
+    return {"mm_processor_kwargs": {"video_pruning_rate": rate}}
+
+
+def video_bench(
+    base_url: str, dataset: Path, out_file: Path, num_prompts: int, concurrency: int = 1, body: dict | None = None
+) -> dict:
+    """bench_serving on a make_video_dataset JSONL (``body``: extra request fields) -> summarize_bench figures."""
     args = ("--dataset-name", "openai", "--dataset-path", str(dataset))
-    return summarize_bench(run_bench_serving(base_url, out_file, args, num_prompts, concurrency))
+    extra = ("--extra-request-body", json.dumps(body)) if body else ()
+    return summarize_bench(run_bench_serving(base_url, out_file, args, num_prompts, concurrency, extra))
 
 
-def image_bench(base_url: str, out_file: Path, num_prompts: int) -> dict:
+def image_bench(base_url: str, out_file: Path, num_prompts: int, body: dict | None = None) -> dict:
     """bench_serving on its generated ``image`` dataset (one 64x64 image per request)."""
-    record = run_bench_serving(base_url, out_file, IMAGE_ARGS, num_prompts, 1, ("--extra-request-body", USAGE_BODY))
-    return summarize_bench(record)
+    extra = ("--extra-request-body", json.dumps({**json.loads(USAGE_BODY), **(body or {})}))
+    return summarize_bench(run_bench_serving(base_url, out_file, IMAGE_ARGS, num_prompts, 1, extra))
 
 
-def warm_up(base_url: str, media_dir: Path) -> None:
-    """One video and one image chat request with media of their own (not in any dataset)."""
+def warm_up(base_url: str, out_dir: Path, dataset: Path) -> None:
+    """One video and one image chat request with media in no measured request.
+
+    The video is the dataset's ``warmup.mp4`` (same shape as its clips, see make_video_dataset) when
+    there is one: the first prefill of a new size is slow on CPU, and it must not be a measured one.
+    """
+    from sglang_evs.bench.make_video_dataset import WARMUP_CLIP
     from sglang_evs.testing import media
 
-    clip, image = media_dir / "warmup.mp4", media_dir / "warmup.png"
+    clip, image = dataset.parent / WARMUP_CLIP, out_dir / "warmup.png"
     if not clip.exists():
-        media.write_clip(clip, "moving", seed=999)
+        clip = media.write_clip(out_dir / WARMUP_CLIP, "moving", seed=999)
+    if not image.exists():
         media.write_image(image, seed=999)
     for kind, path in (("video_url", clip), ("image_url", image)):
         content = [{"type": kind, kind: {"url": f"file://{path.resolve()}"}}, {"type": "text", "text": "Hi"}]
         body = {"model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
         requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
+
+
+def timed_video_request(base_url: str, line: dict, rate: float) -> tuple[float, int]:
+    """One dataset line at ``rate``, one output token, not streamed -> (latency ms, prompt tokens)."""
+    body = {"model": "default", "messages": line["messages"], "max_tokens": 1, "temperature": 0,
+            **per_request_rate(rate)}  # fmt: skip
+    start = time.perf_counter()
+    response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
+    response.raise_for_status()
+    return (time.perf_counter() - start) * 1000, response.json()["usage"]["prompt_tokens"]
 
 
 def prefill_ms(base_url: str, num_tokens: int, reps: int = 3, seed: int = 0) -> float:
@@ -200,22 +245,30 @@ def sweep(
     prefill_reps: int = 3,
     server_args: Sequence[str] = (),
 ) -> dict:
-    """TTFT and prompt tokens vs pruning rate, one server per rate; images at q=0 and max q."""
+    """TTFT and prompt tokens vs pruning rate in one server; images at q=0 and max q.
+
+    Each rate is a per-request setting (``mm_processor_kwargs.video_pruning_rate``) on one server
+    started without one: on the 2-core CPU machine, TTFT differs by up to 20 % from one server start
+    to the next, more than the effects measured here. No rate reuses another's vision features, since
+    the item hash folds in the rate. (The server-wide setting serves ``--load`` and the tests.)
+    """
     from tqdm import tqdm
 
     rates = sorted(set(rates) | {0.0})
-    rows, text_tokens = [], None
-    for rate in tqdm(rates, desc="pruning rates", unit="rate"):
-        with serving(model, out_dir / f"server-q{rate}.log", [*server_args, *rate_args(rate)]) as server:
-            warm_up(server.base_url, out_dir)
+    rows = []
+    with serving(model, out_dir / "server-sweep.log", server_args) as server:
+        warm_up(server.base_url, out_dir, dataset)
+        for i, rate in enumerate(tqdm(rates, desc="pruning rates", unit="rate")):
+            body = per_request_rate(rate)
             row = {"rate": rate}
-            row["video"] = video_bench(server.base_url, dataset, out_dir / f"video-q{rate}.jsonl", num_prompts)
+            row["video"] = video_bench(server.base_url, dataset, out_dir / f"video-q{rate}.jsonl", num_prompts, 1, body)
             if rate in (0.0, max(rates)):
-                row["image"] = image_bench(server.base_url, out_dir / f"image-q{rate}.jsonl", image_prompts)
-            row["prefill_ms"] = prefill_ms(server.base_url, round(row["video"]["mean_prompt_tokens"]), prefill_reps)
-            if rate == 0.0:
-                text_tokens = text_only_tokens(server.base_url, dataset)
-        rows.append(row)
+                row["image"] = image_bench(server.base_url, out_dir / f"image-q{rate}.jsonl", image_prompts, body)
+            # a seed per rate: ids drawn from one seed would be prefixes of each other, hence cache hits
+            tokens = round(row["video"]["mean_prompt_tokens"])
+            row["prefill_ms"] = prefill_ms(server.base_url, tokens, prefill_reps, seed=i)
+            rows.append(row)
+        text_tokens = text_only_tokens(server.base_url, dataset)
     enc = add_ratios(rows)
     tokens0 = rows[0]["video"]["mean_prompt_tokens"]
     for row in rows:
@@ -245,13 +298,39 @@ def load(
     for rate in tqdm(rates, desc="load", unit="rate"):
         with serving(model, out_dir / f"server-load-q{rate}.log", [*server_args, *rate_args(rate)]) as server:
             out = out_dir / f"load-q{rate}.jsonl"
-            warm_up(server.base_url, out_dir)
+            warm_up(server.base_url, out_dir, dataset)
             rows.append({"rate": rate, "video": video_bench(server.base_url, dataset, out, concurrency, concurrency)})
     base = rows[0]["video"]
     for row in rows:
         row["throughput_vs_first"] = row["video"]["request_throughput"] / base["request_throughput"]
         row["ttft_vs_first"] = row["video"]["mean_ttft_ms"] / base["mean_ttft_ms"]
     return {"mode": "load", "concurrency": concurrency, "rows": rows}
+
+
+def paired(
+    model: str,
+    dataset: Path,
+    out_dir: Path,
+    rate: float = 0.75,
+    num_prompts: int = 8,
+    server_args: Sequence[str] = (),
+) -> dict:
+    """The ideal at one rate, measured interleaved in one server: per clip, a video request at q=0 and
+    at ``rate`` (order alternating), each right after a cache flush and followed by a text-only request
+    of its prompt length. Pairs taken seconds apart keep the machine's drift out of E = TTFT - P."""
+    from tqdm import tqdm
+
+    lines = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()][:num_prompts]
+    samples: dict[float, list[dict]] = {0.0: [], rate: []}
+    with serving(model, out_dir / "server-paired.log", server_args) as server:
+        warm_up(server.base_url, out_dir, dataset)
+        for i, line in enumerate(tqdm(lines, desc="paired clips", unit="clip")):
+            for j, q in enumerate((0.0, rate) if i % 2 == 0 else (rate, 0.0)):
+                requests.post(f"{server.base_url}/flush_cache", timeout=600).raise_for_status()
+                video, tokens = timed_video_request(server.base_url, line, q)
+                text = prefill_ms(server.base_url, tokens, reps=1, seed=2 * i + j)
+                samples[q].append({"video_ms": video, "prefill_ms": text, "tokens": tokens})
+    return {"mode": "paired", "samples": {str(q): v for q, v in samples.items()}, **paired_ideal(samples, rate)}
 
 
 def overhead(
@@ -265,7 +344,7 @@ def overhead(
     for i in tqdm(range(rounds), desc="overhead rounds", unit="round"):
         for name in ("plugin", "upstream") if i % 2 == 0 else ("upstream", "plugin"):
             with serving(model, out_dir / f"server-{name}-{i}.log", server_args, variants[name]) as server:
-                warm_up(server.base_url, out_dir)
+                warm_up(server.base_url, out_dir, dataset)
                 summary = video_bench(server.base_url, dataset, out_dir / f"overhead-{name}-{i}.jsonl", num_prompts)
                 summary["plugin_loaded"] = plugin_loaded(server.log())
             runs[name].append(summary)
@@ -325,11 +404,18 @@ def report(result: dict) -> str:
             lines.append(f"q={r['rate']}: {v['request_throughput']:.3f} req/s ({r['throughput_vs_first']:.3f}x), "
                          f"mean TTFT {v['mean_ttft_ms']:.1f} ms ({r['ttft_vs_first']:.3f}x), "
                          f"{v['mean_prompt_tokens']:.0f} prompt tokens")  # fmt: skip
+    elif result["mode"] == "paired":
+        m0, mq = result["medians"]["0.0"], result["medians"][str(result["rate"])]
+        lines.append(f"medians: q=0 video {m0['video_ms']:.0f} ms / P({m0['tokens']:.0f}) {m0['prefill_ms']:.0f} ms; "
+                     f"q={result['rate']} video {mq['video_ms']:.0f} ms / P({mq['tokens']:.0f}) "
+                     f"{mq['prefill_ms']:.0f} ms")  # fmt: skip
+        lines.append(f"E {result['encoder_ms']:.0f} ms, ideal {result['ideal_ms']:.0f} ms, measured/ideal "
+                     f"{result['measured_over_ideal']:.3f}, TTFT vs q=0 {result['ttft_vs_q0']:.3f}")  # fmt: skip
     else:
         ratio = result["plugin_over_upstream_ttft"]
         per_pair = ", ".join(f"{x:.3f}" for x in ratio["per_pair"])
-        lines.append(f"TTFT plugin/upstream per round: {per_pair}; mean {ratio['mean']:.3f}, "
-                     f"ratio of medians {ratio['ratio_of_medians']:.3f}")  # fmt: skip
+        lines.append(f"TTFT plugin/upstream per round: {per_pair}; mean {ratio['mean']:.3f}, geometric mean "
+                     f"{ratio['geometric_mean']:.3f}, ratio of medians {ratio['ratio_of_medians']:.3f}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -368,6 +454,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--load", action="store_true", help="--concurrency requests at once, --load-rates")
     mode.add_argument("--overhead", action="store_true", help="q=0 TTFT with the plugin vs SGLANG_PLUGINS=none")
+    mode.add_argument("--paired", type=float, metavar="Q", help="the ideal at rate Q, interleaved with q=0")
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
     parser.add_argument("--load-rates", type=float, nargs="+", default=[0.0, 0.75])
     parser.add_argument("--concurrency", type=int, default=16)
@@ -395,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )  # fmt: skip
     if args.load:
         result = load(model, dataset, out, args.load_rates, args.concurrency, server_args)
+    elif args.paired is not None:
+        result = paired(model, dataset, out, args.paired, args.num_prompts, server_args)
     elif args.overhead:
         result = overhead(model, dataset, out, args.rounds, args.num_prompts, server_args)
     else:
@@ -403,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         result["plot"] = str(plot_sweep(result, out / "sweep.png"))
     result["setup"] = {"model": model, "profile": None if args.model else args.profile, "dataset": str(dataset),
                        "server_args": server_args, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-    name = {"sweep": "results.json", "load": "results-load.json", "overhead": "results-overhead.json"}[result["mode"]]
+    name = "results.json" if result["mode"] == "sweep" else f"results-{result['mode']}.json"
     (out / name).write_text(json.dumps(result, indent=1))
     print(report(result))
     print(f"wrote {out / name}")
