@@ -1,4 +1,5 @@
-"""MMMU and Video-MME command lines end to end on their fixtures, against one tiny-model server.
+"""MMMU and Video-MME command lines end to end on their fixtures, and the paired-ideal requests, against
+one tiny-model server.
 
 The random model's accuracy means nothing: only its range and the per-subject counts are checked.
 """
@@ -50,3 +51,14 @@ def test_videomme_cli_on_fixture(server, tmp_path):
     assert 0.0 <= result["accuracy"] <= 1.0
     assert result["per_duration"]["short"]["num"] == num
     assert result["mean_prompt_tokens"] > 100  # video tokens reached the server
+
+
+def test_paired_mode_requests_set_the_rate_per_request(server, tmp_path):
+    from sglang_evs.bench import sweep
+    from sglang_evs.bench.make_video_dataset import make_video_dataset
+
+    line = json.loads(make_video_dataset(tmp_path, num=1, static_share=0.0, seconds=2).read_text())
+    (full_ms, full), (pruned_ms, pruned) = (sweep.timed_video_request(server.base_url, line, q) for q in (0.0, 0.5))
+    assert full_ms > 0 and pruned_ms > 0
+    assert full > pruned > 0  # the server ran without a rate: the request's own rate pruned
+    assert sweep.prefill_ms(server.base_url, pruned, reps=1) > 0
