@@ -35,7 +35,7 @@ DEFAULT_RATES = (0.0, 0.25, 0.5, 0.75, 0.9)
 TEXT_TOKEN_RANGE = (10, 300)  # ordinary (non-special) token ids in the tiny tokenizer and in Qwen's
 IMAGE_ARGS = ("--dataset-name", "image", "--image-count", "1", "--image-resolution", "64x64",
               "--random-input-len", "16", "--random-output-len", "4")  # fmt: skip
-USAGE_BODY = json.dumps({"stream_options": {"include_usage": True}})
+USAGE_FIELDS = {"stream_options": {"include_usage": True}}
 
 
 # ---------------------------------------------------------------- pure functions
@@ -164,7 +164,7 @@ def video_bench(
 
 def image_bench(base_url: str, out_file: Path, num_prompts: int, body: dict | None = None) -> dict:
     """bench_serving on its generated ``image`` dataset (one 64x64 image per request)."""
-    extra = ("--extra-request-body", json.dumps({**json.loads(USAGE_BODY), **(body or {})}))
+    extra = ("--extra-request-body", json.dumps({**USAGE_FIELDS, **(body or {})}))
     return summarize_bench(run_bench_serving(base_url, out_file, IMAGE_ARGS, num_prompts, 1, extra))
 
 
