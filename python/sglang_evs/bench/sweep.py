@@ -316,8 +316,9 @@ def paired(
     server_args: Sequence[str] = (),
 ) -> dict:
     """The ideal at one rate, measured interleaved in one server: per clip, a video request at q=0 and
-    at ``rate`` (order alternating), each right after a cache flush and followed by a text-only request
-    of its prompt length. Pairs taken seconds apart keep the machine's drift out of E = TTFT - P."""
+    at ``rate`` (order alternating), each right after a cache flush and followed by ``prefill_ms`` of its
+    prompt length (an unmeasured text-only request, then the measured one). Pairs taken seconds apart
+    keep the machine's drift out of E = TTFT - P."""
     from tqdm import tqdm
 
     lines = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()][:num_prompts]
