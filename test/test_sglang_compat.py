@@ -55,3 +55,16 @@ def test_launch_server_fails_loudly_on_a_faked_sglang_version(tmp_path, tiny_mod
     )
     assert done.returncode != 0
     assert "sglang-evs supports SGLang 0.5.23 only, but found SGLang 0.9.9" in done.stderr
+
+
+def test_every_hook_target_resolves_and_a_missing_one_is_refused(monkeypatch):
+    assert sglang_compat.missing_internals() == []
+    assert sglang_compat.hook_target("prefill_graph_execute").endswith("PrefillCudaGraphRunner.execute")
+    targets = {**sglang_compat.HOOK_TARGETS, "gone": "sglang.srt.managers.mm_utils:Nothing.here"}
+    monkeypatch.setattr(sglang_compat, "HOOK_TARGETS", targets)
+    with pytest.raises(sglang_compat.UnsupportedSGLangError, match="Nothing.here"):
+        sglang_compat.check_sglang_compatibility()
+
+
+def test_prefill_limits_outside_a_server_are_zero():
+    assert sglang_compat.prefill_limits() == sglang_compat.PrefillLimits()  # no server args published here

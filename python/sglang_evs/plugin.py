@@ -63,28 +63,36 @@ def load_plugin() -> None:
 def register_hooks() -> None:
     """Everything the plugin changes in SGLang; applied by SGLang's load_plugins() right after."""
     from sglang_evs import sglang_compat as sglang
+    from sglang_evs import trace
     from sglang_evs.models import registry
 
-    around = sglang.HookType.AROUND
-    sglang.HookRegistry.register(sglang.EMBED_ROUTINE_TARGET, route_embed_routine, around)
-    sglang.HookRegistry.register(
-        "sglang.srt.models.registry._ModelRegistry.resolve_model_cls", registry.resolve_model_cls_around, around
-    )
-    sglang.HookRegistry.register(
-        "sglang.srt.managers.multimodal_processor.import_processors", register_processors, sglang.HookType.AFTER
-    )
-    sglang.HookRegistry.register(
-        "sglang.srt.managers.schedule_batch.MultimodalInputs.compute_mm_token_counts", count_kept_video_tokens, around
-    )
-    sglang.HookRegistry.register(
-        "sglang.srt.managers.tokenizer_manager.TokenizerManager._handle_batch_output",
-        _add_usage_to_meta_info,
-        around,
-    )
-    # Our Qwen3-VL needs no tensor argument but input_embeds, so SGLang's
-    # breakable prefill CUDA graph may wrap its language model.
+    around, after = sglang.HookType.AROUND, sglang.HookType.AFTER
+    register = sglang.HookRegistry.register
+    register(sglang.hook_target("embed_routine"), route_embed_routine, around)
+    register(sglang.hook_target("resolve_model_cls"), registry.resolve_model_cls_around, around)
+    register(sglang.hook_target("import_processors"), register_processors, after)
+    register(sglang.hook_target("compute_mm_token_counts"), count_kept_video_tokens, around)
+    register(sglang.hook_target("handle_batch_output"), _add_usage_to_meta_info, around)
+    if trace.enabled():
+        register(sglang.hook_target("prefill_graph_execute"), trace_prefill_graph_replay, after)
+    # Our models' language models take no tensor argument but input_embeds (deepstack and
+    # positions sit in fixed buffers, models/graph_inputs.py), so SGLang's prefill CUDA
+    # graphs may wrap them.
     breakable = sglang.BREAKABLE_CUDA_GRAPH_MM_ARCHS
     breakable.extend(arch for arch in registry.MODELS if arch not in breakable)
+
+
+def trace_prefill_graph_replay(result, runner, forward_batch, *args, **kwargs):
+    """AFTER hook on the prefill graph runner's execute (registered only while tracing)."""
+    from sglang_evs import trace
+
+    trace.record(
+        "prefill_graph_replay",
+        backend=type(runner.backend).__name__,
+        tokens=int(forward_batch.input_ids.shape[0]),
+        requests=int(forward_batch.batch_size),
+    )
+    return result
 
 
 def route_embed_routine(upstream, *args, **kwargs):

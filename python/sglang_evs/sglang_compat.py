@@ -9,6 +9,7 @@ any SGLang version or layout this package was not written against.
 
 import importlib
 import importlib.metadata
+from dataclasses import dataclass
 from typing import Any
 
 SUPPORTED_SGLANG_VERSION = "0.5.23"
@@ -31,6 +32,9 @@ INTERNALS: dict[str, str] = {
     "ForwardBatch": "sglang.srt.model_executor.forward_batch_info:ForwardBatch",
     "get_disagg": "sglang.srt.runtime_context:get_disagg",
     "get_server_args": "sglang.srt.runtime_context:get_server_args",
+    "get_exec": "sglang.srt.runtime_context:get_exec",
+    "get_schedule": "sglang.srt.runtime_context:get_schedule",
+    "get_cuda_graph_max_batch_size": "sglang.srt.utils.common:get_cuda_graph_max_batch_size",
     # multimodal processors (tokenizer process)
     "UpstreamQwenVLProcessor": "sglang.srt.multimodal.processors.qwen_vl:QwenVLImageProcessor",
     "PROCESSOR_MAPPING": "sglang.srt.managers.multimodal_processor:PROCESSOR_MAPPING",
@@ -40,11 +44,53 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen3VLMoe": "sglang.srt.models.qwen3_vl_moe:Qwen3VLMoeForConditionalGeneration",
     "UpstreamQwen3MoeLLMModel": "sglang.srt.models.qwen3_vl_moe:Qwen3MoeLLMModel",
 }
-# hook target (dotted path) of the routine the plugin replaces
-EMBED_ROUTINE_TARGET = "sglang.srt.managers.mm_utils.general_mm_embed_routine"
+# What the plugin hooks (HookRegistry targets), name used in this package -> "module:attribute path".
+HOOK_TARGETS: dict[str, str] = {
+    "embed_routine": "sglang.srt.managers.mm_utils:general_mm_embed_routine",
+    "resolve_model_cls": "sglang.srt.models.registry:_ModelRegistry.resolve_model_cls",
+    "import_processors": "sglang.srt.managers.multimodal_processor:import_processors",
+    "compute_mm_token_counts": "sglang.srt.managers.schedule_batch:MultimodalInputs.compute_mm_token_counts",
+    "handle_batch_output": "sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_batch_output",
+    # traced only (SGLANG_EVS_TRACE): each prefill CUDA graph replay
+    "prefill_graph_execute": (
+        "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.execute"
+    ),
+}
 
-# Checked at startup; the Qwen3-VL names are checked when those models load.
+# Checked at startup, with every hook target; the Qwen3-VL names are checked when those models load.
 STARTUP_INTERNALS = ("HookRegistry", "HookType", "ModelRegistry", "general_mm_embed_routine", "get_embedding_and_mask")
+
+
+def hook_target(name: str) -> str:
+    """The dotted path HookRegistry takes for one of HOOK_TARGETS."""
+    return HOOK_TARGETS[name].replace(":", ".")
+
+
+@dataclass(frozen=True)
+class PrefillLimits:
+    """What bounds the tokens of one extend forward in this server (all 0 outside a server)."""
+
+    max_prefill_tokens: int = 0
+    chunked_prefill_size: int = 0
+    graph_buckets: tuple[int, ...] = ()  # prefill CUDA graph sizes, rounded as the graph runner rounds them
+    mixed_decode_rows: int = 0  # decode rows a mixed chunk may append
+
+
+def prefill_limits() -> PrefillLimits:
+    try:
+        args = resolve("get_server_args")()
+    except ValueError:  # "Global server args is not set yet": not in a server process
+        return PrefillLimits()
+    if args is None:
+        return PrefillLimits()
+    try:
+        prefill_graph = resolve("get_exec")().graph.cuda_graph_config.prefill
+        round_up = resolve("get_cuda_graph_max_batch_size")
+        buckets = tuple(round_up(n) for n in (prefill_graph.bs or ()))
+    except (ValueError, AttributeError):  # no graph configuration published in this process
+        buckets = ()
+    mixed_rows = int(args.max_running_requests or 0) if getattr(args, "enable_mixed_chunk", False) else 0
+    return PrefillLimits(int(args.max_prefill_tokens or 0), int(args.chunked_prefill_size or 0), buckets, mixed_rows)
 
 
 class UnsupportedSGLangError(RuntimeError):
@@ -52,9 +98,15 @@ class UnsupportedSGLangError(RuntimeError):
 
 
 def resolve(name: str) -> Any:
-    module_name, _, attr = INTERNALS[name].partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attr) if attr else module
+    return _resolve_path(INTERNALS[name])
+
+
+def _resolve_path(path: str) -> Any:
+    module_name, _, attrs = path.partition(":")
+    found = importlib.import_module(module_name)
+    for attr in attrs.split(".") if attrs else ():
+        found = getattr(found, attr)
+    return found
 
 
 def __getattr__(name: str) -> Any:
@@ -71,12 +123,17 @@ def installed_sglang_version() -> str:
 
 
 def missing_internals(names: tuple[str, ...] | None = None) -> list[str]:
+    """The internals (default: the startup ones and every hook target) this SGLang lacks."""
+    paths = [INTERNALS[name] for name in names] if names is not None else [
+        *(INTERNALS[name] for name in STARTUP_INTERNALS),
+        *HOOK_TARGETS.values(),
+    ]
     missing = []
-    for name in STARTUP_INTERNALS if names is None else names:
+    for path in paths:
         try:
-            resolve(name)
+            _resolve_path(path)
         except (ImportError, AttributeError) as exc:
-            missing.append(f"{INTERNALS[name]} ({exc})")
+            missing.append(f"{path} ({exc})")
     return missing
 
 

@@ -1,11 +1,12 @@
-"""Qwen3-VL whose deepstack features travel on the ForwardBatch, not as a language-model argument.
+"""Qwen3-VL whose language model reads deepstack and positions from fixed-address buffers.
 
 Upstream passes deepstack as `input_deepstack_embeds` to the language model, which
-SGLang's prefill CUDA graph replay ignores. Here the model's `post_process` hook
-(see `sglang_evs.multimodal.contract`) splits the deepstack channels off the
-fetched features and writes them into a model-owned buffer with a fixed address,
-exposed as `forward_batch.deepstack_embeds`; the language model reads them from
-there, so `input_embeds` is the only tensor input it needs.
+SGLang's prefill CUDA graphs never capture (the capture batch has no media) and never
+hand over at replay. Here the model's `post_process` hook (see
+`sglang_evs.multimodal.contract`) writes the deepstack rows and the M-RoPE positions
+(pruned ones included) into `GraphInputs`, buffers the language model owns from
+construction on, and the language model reads them there, so `input_embeds` is the only
+tensor a graph replay has to be handed (`models/graph_inputs.py`).
 """
 
 import logging
@@ -18,82 +19,57 @@ import torch
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.evs import PRUNING_RATE_SETTING, retention_mask, validate_pruning_rate
+from sglang_evs.models.graph_inputs import (
+    CARRIED_FIELD,
+    CarriedInputs,
+    GraphInputs,
+    prefill_token_bound,
+    reads_graph_inputs,
+)
 from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
 from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
 from sglang_evs.processors.pruned_layout import RATE, REGION_IDS, REGION_POSITIONS, is_pruned, region_keep
 
 logger = logging.getLogger(__name__)
 
-DEEPSTACK_FIELD = "deepstack_embeds"
 
+class _ReadsGraphInputs:
+    """Language-model mixin: in extend forwards, positions and deepstack come from what the batch
+    carries, or from the model's `GraphInputs` when it carries nothing (a graph's capture batch).
 
-class DeepstackBuffer:
-    """Fixed-address rows for the deepstack features of one forward: [capacity, levels * hidden].
-
-    `rows(n)` zero-fills and returns the first n rows, so tokens without media
-    (text, decode) carry zeros and nothing of an earlier forward survives. A
-    forward larger than the capacity (never one a CUDA graph was captured for)
-    gets a temporary tensor and leaves the fixed buffer where it is.
+    No `input_deepstack_embeds` parameter: SGLang's deepstack warm-up
+    (`run_dummy_multimodal_deepstack_forward`) checks the signature and leaves this model alone.
     """
 
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self.storage: torch.Tensor | None = None
+    graph_inputs: GraphInputs
 
-    def rows(self, n: int, like: torch.Tensor) -> torch.Tensor:
-        if self.storage is None:
-            self.storage = torch.zeros(max(n, _planned_capacity()), self.width, dtype=like.dtype, device=like.device)
-        if n > self.storage.shape[0]:
-            logger.warning("deepstack rows %d exceed the fixed buffer (%d): temporary tensor", n, len(self.storage))
-            return torch.zeros(n, self.width, dtype=like.dtype, device=like.device)
-        view = self.storage[:n]
-        view.zero_()
-        return view
-
-
-def _planned_capacity() -> int:
-    """The most tokens one forward carries under the server's settings."""
-    args = sglang.get_server_args()
-    if args is None:
-        return 0
-    return max(int(args.max_prefill_tokens or 0), int(args.chunked_prefill_size or 0), 1)
-
-
-class _ReadsDeepstackFromBatch:
-    """Language-model mixin: deepstack comes from `forward_batch.deepstack_embeds`."""
-
-    def forward(
-        self,
-        input_ids,
-        positions,
-        forward_batch,
-        input_embeds=None,
-        pp_proxy_tensors=None,
-        input_deepstack_embeds=None,
-    ):
-        handed_deepstack = input_deepstack_embeds is not None
-        if input_deepstack_embeds is None:
-            input_deepstack_embeds = getattr(forward_batch, DEEPSTACK_FIELD, None)
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
+        deepstack = None
+        carried = None
+        if reads_graph_inputs(forward_batch.forward_mode):
+            carried = getattr(forward_batch, CARRIED_FIELD, None)
+            if carried is None:
+                carried = self.graph_inputs.view(positions.shape[-1])
+            if carried.positions is not None:
+                positions = carried.positions
+            deepstack = carried.deepstack
         if trace.enabled():
             trace.record(
                 "language_model_inputs",
-                handed_deepstack=handed_deepstack,
-                tensor_kwargs=sorted(
-                    k for k, v in {"input_ids": input_ids, "input_embeds": input_embeds}.items() if v is not None
-                ),
-                deepstack_ptr=None if input_deepstack_embeds is None else input_deepstack_embeds.data_ptr(),
-                rows=None if input_embeds is None else int(input_embeds.shape[0]),
+                mode=forward_batch.forward_mode.name,
+                carried_by_batch=getattr(forward_batch, CARRIED_FIELD, None) is not None,
+                deepstack_ptr=None if deepstack is None else deepstack.data_ptr(),
+                positions_ptr=positions.data_ptr(),
+                rows=int(positions.shape[-1]),
             )
-        return super().forward(
-            input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors, input_deepstack_embeds
-        )
+        return super().forward(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors, deepstack)
 
 
-class Qwen3LLMModel(_ReadsDeepstackFromBatch, sglang.UpstreamQwen3LLMModel):
+class Qwen3LLMModel(_ReadsGraphInputs, sglang.UpstreamQwen3LLMModel):
     pass
 
 
-class Qwen3MoeLLMModel(_ReadsDeepstackFromBatch, sglang.UpstreamQwen3MoeLLMModel):
+class Qwen3MoeLLMModel(_ReadsGraphInputs, sglang.UpstreamQwen3MoeLLMModel):
     pass
 
 
@@ -179,12 +155,11 @@ class _EVSVideo:
             mask = self.evs_masks[item.hash]
         return mask
 
-    def write_pruned_positions(self, layout: BatchLayout) -> None:
-        """Positions of the pruned videos' tokens in this forward, written in place.
+    def write_pruned_positions(self, layout: BatchLayout, positions: torch.Tensor) -> None:
+        """Positions [3, num_tokens] of this forward: the pruned videos' rows rewritten in place.
 
         Region positions = the unpruned region's positions with the pruned pads' rows deleted.
         """
-        positions = layout.forward_batch.mrope_positions
         token_base = 0
         for mm_inputs, prefix, extend in layout.requests:
             for item in mm_inputs.mm_items if mm_inputs is not None else ():
@@ -204,37 +179,62 @@ class _EVSVideo:
             token_base += extend
 
 
-class _DeepstackOnBatch:
-    """Model mixin: `post_process` puts deepstack on the batch; `forward` uses the generic routine."""
+class _GraphInputsOnBatch:
+    """Model mixin: `post_process` fills the language model's `GraphInputs`; `forward` uses the
+    generic routine."""
 
-    def _init_deepstack(self, language_model_cls: type) -> None:
+    implements_post_process_contract = True
+
+    def _init_graph_inputs(self, language_model_cls: type) -> None:
         # Upstream builds its own language model class (it picks the config by
         # class identity); ours adds only a forward override, so re-class it.
         if type(getattr(self, "model", None)) in language_model_cls.__bases__:
             self.model.__class__ = language_model_cls
         levels = self.num_deepstack_embeddings
-        self.deepstack = DeepstackBuffer(levels * self.config.hidden_size) if levels else None
-        logger.info("sglang-evs %s: %d deepstack levels travel on the ForwardBatch", type(self).__name__, levels)
+        self.model.graph_inputs = GraphInputs(
+            capacity=prefill_token_bound(sglang.prefill_limits()),
+            deepstack_width=levels * self.config.hidden_size,
+            mrope=bool(self.is_mrope_enabled),
+        )
+        buffers = self.model.graph_inputs
+        logger.info(
+            "sglang-evs %s: %d deepstack levels and M-RoPE positions in fixed buffers of %d rows",
+            type(self).__name__, levels, buffers.capacity,
+        )  # fmt: skip
+        if trace.enabled():
+            trace.record(
+                "graph_inputs_allocated",
+                capacity=buffers.capacity,
+                deepstack_ptr=None if buffers.deepstack is None else buffers.deepstack.data_ptr(),
+                positions_ptr=None if buffers.positions is None else buffers.positions.data_ptr(),
+            )
 
     def post_process(self, fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]:
-        if layout.forward_batch.mrope_positions is not None and not layout.forward_batch.forward_mode.is_decode():
-            self.write_pruned_positions(layout)
-        if self.deepstack is None:
+        forward_batch = layout.forward_batch
+        if not reads_graph_inputs(forward_batch.forward_mode):
             return fetched
+        carried = self.model.graph_inputs.write(layout.num_tokens, forward_batch.mrope_positions)
+        if carried.positions is not None:
+            self.write_pruned_positions(layout, carried.positions)
+        setattr(forward_batch, CARRIED_FIELD, carried)
+        if carried.deepstack is None:
+            return fetched
+        return self._split_deepstack(fetched, carried)
+
+    def _split_deepstack(self, fetched: list[FetchedEmbedding], carried: CarriedInputs) -> list[FetchedEmbedding]:
+        """Deepstack channels into the carried rows; the main channels are what gets scattered."""
         hidden = self.config.hidden_size
-        deepstack = self.deepstack.rows(layout.num_tokens, like=self.model.embed_tokens.weight)
         main = []
         for item in fetched:
-            sglang.scatter_mm_embedding(dest=deepstack, mask=item.mask, src=item.embedding[:, hidden:])
+            sglang.scatter_mm_embedding(dest=carried.deepstack, mask=item.mask, src=item.embedding[:, hidden:])
             main.append(replace(item, embedding=item.embedding[:, :hidden]))
-        setattr(layout.forward_batch, DEEPSTACK_FIELD, deepstack)
         if trace.enabled():
             trace.record(
                 "deepstack",
-                data_ptr=deepstack.data_ptr(),
-                rows=layout.num_tokens,
+                data_ptr=carried.deepstack.data_ptr(),
+                rows=int(carried.deepstack.shape[0]),
                 media_rows=sum(int(item.mask.sum()) for item in fetched),
-                nonzero_rows=int(deepstack.abs().sum(dim=1).gt(0).sum()),
+                nonzero_rows=int(carried.deepstack.abs().sum(dim=1).gt(0).sum()),
             )
         return main
 
@@ -262,17 +262,17 @@ class _DeepstackOnBatch:
         return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch, aux_hidden_states)
 
 
-class Qwen3VLForConditionalGeneration(_DeepstackOnBatch, _EVSVideo, sglang.UpstreamQwen3VL):
+class Qwen3VLForConditionalGeneration(_GraphInputsOnBatch, _EVSVideo, sglang.UpstreamQwen3VL):
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__(config, quant_config, prefix, sglang.UpstreamQwen3LLMModel)
-        self._init_deepstack(Qwen3LLMModel)
+        self._init_graph_inputs(Qwen3LLMModel)
         self._init_evs(config)
 
 
-class Qwen3VLMoeForConditionalGeneration(_DeepstackOnBatch, _EVSVideo, sglang.UpstreamQwen3VLMoe):
+class Qwen3VLMoeForConditionalGeneration(_GraphInputsOnBatch, _EVSVideo, sglang.UpstreamQwen3VLMoe):
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__(config, quant_config, prefix, sglang.UpstreamQwen3MoeLLMModel)
-        self._init_deepstack(Qwen3MoeLLMModel)
+        self._init_graph_inputs(Qwen3MoeLLMModel)
         self._init_evs(config)
 
 

@@ -1,0 +1,104 @@
+"""What the language model reads besides `input_embeds`, at addresses fixed for the server's lifetime.
+
+SGLang's prefill CUDA graphs (breakable and full) capture only the language model's
+body, called as `layer_model.forward(input_ids, positions, capture_batch, input_embeds=slot)`
+on a capture batch that carries no media, before any request. At replay the outer
+`model.forward` runs eagerly (vision tower, embedding routine, `post_process`), but the
+body's Python does not: the graph re-reads the tensors it read at capture.
+
+So the M-RoPE positions (pruned videos change them after the vision tower) and the
+deepstack rows must live in tensors the model owns from construction on:
+
+* `GraphInputs` holds `positions [3, capacity]` (int64) and `deepstack [capacity, width]`,
+  registered as non-persistent buffers of the language model, so they follow it to its
+  device and are never part of the checkpoint.
+* `post_process` writes the first n rows on every extend forward (copy of the batch's
+  positions, pruned positions, deepstack at the media rows) and puts the views on the
+  ForwardBatch (`CARRIED_FIELD`).
+* The language model reads what the batch carries, or the buffers' first n rows when the
+  batch carries nothing: that is the capture batch, so the captured graph reads the
+  buffers, which `post_process` has filled before every replay.
+
+Rows past the last write stay zero: a graph captured for a larger bucket adds zero deepstack
+and reads position 0 on its padding rows.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+CARRIED_FIELD = "language_model_inputs"
+
+
+@dataclass(frozen=True)
+class CarriedInputs:
+    """The language model's inputs beyond `input_embeds` for one forward of n tokens.
+
+    positions: [3, n] int64 M-RoPE positions, or None (the model has no M-RoPE).
+    deepstack: [n, levels * hidden], or None (the model has no deepstack levels).
+    """
+
+    positions: torch.Tensor | None
+    deepstack: torch.Tensor | None
+
+
+def prefill_token_bound(limits) -> int:
+    """The most tokens one extend forward carries (`sglang_compat.PrefillLimits`): the largest
+    prefill budget or graph bucket, plus the decode rows a mixed chunk appends."""
+    largest = max(limits.max_prefill_tokens, limits.chunked_prefill_size, *limits.graph_buckets, 1)
+    return largest + limits.mixed_decode_rows
+
+
+def reads_graph_inputs(forward_mode) -> bool:
+    """Extend-like forwards (prefill, chunks, mixed) read the buffers; decode, idle and speculative
+    verify pass positions as upstream does and add no deepstack."""
+    return forward_mode.is_extend() and not forward_mode.is_target_verify()
+
+
+class GraphInputs(nn.Module):
+    """Fixed-address positions [3, capacity] and deepstack [capacity, width] (module docstring)."""
+
+    def __init__(self, capacity: int, deepstack_width: int, mrope: bool) -> None:
+        super().__init__()
+        self.capacity = capacity
+        # Buffers are made under the loader's device and dtype context (meta for layered
+        # loading, materialised with the model), so nothing is known about their contents:
+        # the first write clears everything.
+        positions = torch.zeros(3, capacity, dtype=torch.int64) if mrope else None
+        deepstack = torch.zeros(capacity, deepstack_width) if deepstack_width else None
+        self.register_buffer("positions", positions, persistent=False)
+        self.register_buffer("deepstack", deepstack, persistent=False)
+        self.dirty_rows = capacity
+
+    def view(self, num_tokens: int) -> CarriedInputs:
+        """The first n rows, as read by a forward of n tokens (the capture batch's view)."""
+        return CarriedInputs(
+            None if self.positions is None else self.positions[:, :num_tokens],
+            None if self.deepstack is None else self.deepstack[:num_tokens],
+        )
+
+    def write(self, num_tokens: int, positions: torch.Tensor | None) -> CarriedInputs:
+        """Rows for a forward of n tokens: `positions` [3, n] copied in, deepstack zeroed.
+
+        A forward larger than the capacity (never one a graph was captured for) gets
+        temporary tensors and leaves the buffers as they are.
+        """
+        if num_tokens > self.capacity:
+            logger.warning("sglang-evs: %d tokens exceed the graph buffers (%d): temporary tensors",
+                           num_tokens, self.capacity)  # fmt: skip
+            return CarriedInputs(
+                None if self.positions is None else positions.clone(),
+                None if self.deepstack is None else self.deepstack.new_zeros(num_tokens, self.deepstack.shape[1]),
+            )
+        clear = max(num_tokens, self.dirty_rows)
+        if self.deepstack is not None:
+            self.deepstack[:clear].zero_()
+        if self.positions is not None:
+            self.positions[:, num_tokens:clear].zero_()
+            self.positions[:, :num_tokens].copy_(positions)
+        self.dirty_rows = num_tokens
+        return self.view(num_tokens)

@@ -1,0 +1,63 @@
+"""Prefill CUDA graphs carry deepstack and pruned positions: proved on CPU with SGLang's own capture path.
+
+`prefill_graph_worker.py` (its docstring says how) captures our Qwen3-VL language model
+the way SGLang's prefill graph runner does, on a capture batch with no media, records it
+with `CpuGraph`, and replays it for live batches whose `post_process` wrote deepstack rows
+and positions. On the code before the fixed buffers, the replay dropped deepstack (it
+equalled the zero-deepstack output exactly) and ignored the live positions.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("prefill_graph_worker.py")
+ROUNDING = 1e-5  # replays re-run the same float32 kernels: equal up to (in fact without) rounding
+
+
+@pytest.fixture(scope="module")
+def report(tiny_model_dir) -> dict:
+    proc = subprocess.run([sys.executable, str(WORKER), str(tiny_model_dir)], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("REPORT "))
+
+
+def test_capture_reads_the_model_buffers(report):
+    assert report["body"] == "Qwen3LLMModel"
+    assert report["graph_reads_deepstack_buffer"] and report["graph_reads_positions_buffer"]
+
+
+def test_replay_adds_the_live_deepstack(report):
+    deepstack = report["deepstack"]
+    assert deepstack["replay_vs_eager"] <= ROUNDING
+    assert deepstack["eager_vs_zero_deepstack"] > 1000 * ROUNDING  # deepstack matters in this model
+    assert deepstack["replay_vs_zero_deepstack"] > 1000 * ROUNDING
+
+
+def test_text_prefill_after_media_adds_zeros(report):
+    assert report["text_after_image"]["replay_vs_eager"] <= ROUNDING
+
+
+def test_replay_reads_the_live_batch_positions(report):
+    positions = report["live_positions"]
+    assert positions["replay_vs_eager"] <= ROUNDING
+    assert positions["eager_vs_capture_positions"] > 1000 * ROUNDING
+
+
+def test_replay_reads_pruned_positions_of_a_chunk_that_cuts_a_video(report):
+    pruned = report["pruned_positions"]
+    assert pruned["region_rows_in_chunk"] > 0
+    assert pruned["buffer_equals_reference"]
+    assert pruned["replay_vs_eager_reference"] <= ROUNDING
+    assert pruned["reference_vs_unrewritten"] > 1000 * ROUNDING
+
+
+def test_deepstack_buffer_never_moves(report):
+    ptr = report["deepstack_ptr_constructed"]
+    assert ptr and ptr == report["deepstack_ptr_after_forwards"] == report["deepstack_ptr_final"]
+    assert report["capacity"] >= 512  # the worker's max_prefill_tokens
