@@ -57,6 +57,8 @@ class _LanguageModel(nn.Module):
 class _Model(nn.Module):
     """Adds a constant row at token 1 through post_process, as a model-specific hook would."""
 
+    implements_post_process_contract = True
+
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple[int, int]] = []
@@ -90,3 +92,17 @@ def test_layout_in_decode_describes_each_request():
     batch = _Batch(_Mode(decode=True), seq_lens_cpu=torch.tensor([5, 9]))
     layout = embed_routine.batch_layout(batch, torch.tensor([1, 2]))
     assert layout.requests == [(None, 4, 1), (None, 8, 1)] and layout.num_tokens == 2
+
+
+class _UpstreamStyleModel(nn.Module):
+    """SGLang's Qwen2.5-VL has a `post_process` placeholder with other arguments; it is not ours."""
+
+    def post_process(self, inputs_embeds, modalities, embeddings, indices, forward_batch):
+        raise AssertionError("a post_process outside the contract was called")
+
+
+def test_post_process_outside_the_contract_is_left_alone():
+    batch = _Batch(_Mode(decode=True), seq_lens_cpu=torch.tensor([4]))
+    lm = _LanguageModel()
+    out = embed_routine.embed_inputs(torch.tensor([3]), batch, lm, _UpstreamStyleModel())
+    assert torch.equal(out, lm.embed.weight[3:4])

@@ -9,6 +9,8 @@ Required (as in SGLang):
 
 Optional:
   - `post_process(fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]`,
+    declared with the class attribute `implements_post_process_contract = True` (SGLang models have
+    unrelated methods of that name: upstream Qwen2.5-VL's placeholder takes other arguments),
     called on every forward (prefill chunks and decode, with an empty list when the batch carries
     no media) after the features of this forward were fetched and before they are scattered into
     the input embeddings. It returns the embeddings to scatter, each `[rows, hidden_size]`; it may
@@ -21,6 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+CONTRACT_FLAG = "implements_post_process_contract"
+
+
+def contract_post_process(model: Any) -> Any:
+    """The model's `post_process` if the model declares this contract, else None."""
+    return getattr(model, "post_process", None) if getattr(model, CONTRACT_FLAG, False) else None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from torch import nn
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
+from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding, contract_post_process
 
 
 def general_mm_embed_routine(
@@ -69,7 +69,7 @@ def embed_inputs(
         trace.record(
             "embed_routine", model=type(multimodal_model).__name__, media_rows=[int(f.mask.sum()) for f in fetched]
         )
-    post_process = getattr(multimodal_model, "post_process", None)
+    post_process = contract_post_process(multimodal_model)
     if post_process is not None:
         fetched = post_process(fetched, batch_layout(forward_batch, input_ids))
     for item in fetched:
