@@ -68,5 +68,11 @@ def tiny_server(tiny_model_dir, tmp_path_factory):
 
 
 def pytest_configure(config):
-    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
-        raise pytest.UsageError("run the tests through scripts/run_tests.sh (it sets the CPU environment)")
+    """CPU tests need the CPU route in this process (the runtime's import hook starts with Python);
+    a GPU run (`pytest -m gpu ...` on a CUDA machine) must not have it."""
+    gpu_run = config.option.markexpr == "gpu"
+    cpu_route = os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+    if not cpu_route and not gpu_run:
+        raise pytest.UsageError("run the CPU tests through scripts/run_tests.sh (it sets the CPU environment)")
+    if cpu_route and gpu_run:
+        raise pytest.UsageError("GPU tests run without the CPU environment: do not source scripts/cpu_env.sh")

@@ -20,13 +20,20 @@ CPU_SERVER_ARGS = (
     "--sleep-on-idle",  # an idle scheduler otherwise busy-polls a whole core
 )  # fmt: skip
 
-CPU_ENV = {
-    "SGLANG_USE_CPU_ENGINE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TORCHDYNAMO_DISABLE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+CPU_ROUTE_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
+CPU_ENV = {**CPU_ROUTE_ENV, **OFFLINE_ENV}
+
+
+def server_environment(cpu: bool, extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict:
+    """The server's environment. A test process runs with the CPU route set (scripts/cpu_env.sh), so
+    a GPU server gets this process's environment without it: SGLang would otherwise pick its CPU
+    platform and the plugin its CPU runtime."""
+    env = dict(os.environ if base is None else base)
+    if not cpu:
+        for key in CPU_ROUTE_ENV:
+            env.pop(key, None)
+    return {**env, **(CPU_ENV if cpu else OFFLINE_ENV), **(extra or {})}
 
 
 def free_port() -> int:
@@ -80,7 +87,7 @@ def start_server(
         cmd,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(CPU_ENV if cpu else {}), **(env or {})},
+        env=server_environment(cpu, env),
         start_new_session=True,
     )
     process.port = port  # type: ignore[attr-defined]
