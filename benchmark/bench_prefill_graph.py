@@ -1,0 +1,128 @@
+"""GPU: TTFT of short multimodal prefills with SGLang's prefill CUDA graph vs eager, side by side.
+
+    python benchmark/bench_prefill_graph.py [--model-path M] [--backend breakable|full] [--pairs 30]
+        [--output result.json]
+
+Two servers run at once on one GPU (each with part of its memory): one with
+`--cuda-graph-backend-prefill BACKEND`, one with `disabled`. Each pair sends the same short
+request (one image, or one image and a short video at q = .75) to both, streamed, in
+alternating order, and takes the time to the first streamed chunk. It reports the per-pair
+eager/graph TTFT ratio: geometric mean and its 95 % interval. Goal: at least 1.3x on small
+prefills. Without --model-path it serves the bundled tiny Qwen3-VL (built offline), where
+the language model's launch overhead is what a graph removes.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+# Two-sided 95 % Student t quantiles by degrees of freedom (1..30); the normal 1.96 beyond.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)  # fmt: skip
+
+
+def geometric_interval(ratios: list[float]) -> dict:
+    """Per-pair ratios -> geometric mean and its 95 % interval (t interval of the log ratios)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return {"geometric_mean": math.exp(mean), "low": None, "high": None, "pairs": len(logs)}
+    half = (T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96) * statistics.stdev(logs) / math.sqrt(
+        len(logs)
+    )
+    return {"geometric_mean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
+            "pairs": len(logs)}  # fmt: skip
+
+
+def streamed_ttft_ms(base_url: str, body: dict) -> float:
+    """Milliseconds from sending a streamed /generate request to its first chunk."""
+    start = time.perf_counter()
+    with requests.post(f"{base_url}/generate", json={**body, "stream": True}, stream=True, timeout=600) as reply:
+        reply.raise_for_status()
+        for line in reply.iter_lines():
+            if line:
+                return (time.perf_counter() - start) * 1000
+    raise RuntimeError("stream ended without a chunk")
+
+
+def request_bodies(media: Path) -> dict[str, dict]:
+    from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt
+
+    sampling = {"max_new_tokens": 1, "temperature": 0}
+    return {
+        "image": {"text": chat_prompt(IMAGE), "image_data": [str(media / "image.png")], "sampling_params": sampling},
+        "image_video_q75": {
+            "text": chat_prompt(IMAGE, VIDEO), "image_data": [str(media / "image2.png")],
+            "video_data": [str(media / "moving.mp4")], "sampling_params": sampling,
+            "mm_processor_kwargs": {"video_pruning_rate": 0.75},
+        },
+    }  # fmt: skip
+
+
+def server_args(backend: str) -> list[str]:
+    return ["--device", "cuda", "--cuda-graph-backend-prefill", backend, "--mem-fraction-static", "0.35",
+            "--cuda-graph-bs-prefill", "64", "128", "256", "512", "1024"]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", default=None)
+    parser.add_argument("--backend", choices=("breakable", "full"), default="breakable")
+    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/prefill_graph"))
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_prefill_graph needs a CUDA GPU: prefill CUDA graphs capture on CUDA only")
+    from sglang_evs.bench.launch import serving
+    from sglang_evs.testing import media, tiny_model
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model = args.model_path or str(tiny_model.build_tiny_qwen3_vl(args.workdir / "tiny-qwen3-vl"))
+    media_dir = args.workdir / "media"
+    media_dir.mkdir(exist_ok=True)
+    media.write_image(media_dir / "image.png", seed=0)
+    media.write_image(media_dir / "image2.png", seed=5)
+    media.write_clip(media_dir / "moving.mp4", "moving", num_frames=8, fps=4)
+    bodies = request_bodies(media_dir)
+
+    result: dict = {"backend": args.backend, "model": model, "cases": {}}
+    with (
+        serving(model, args.workdir / "graph.log", server_args(args.backend)) as graph,
+        serving(model, args.workdir / "eager.log", server_args("disabled")) as eager,
+    ):
+        servers = {"graph": graph.base_url, "eager": eager.base_url}
+        for name, body in bodies.items():
+            for url in servers.values():  # warm-up: first request of a shape, not measured
+                streamed_ttft_ms(url, body)
+            pairs = []
+            for i in range(args.pairs):
+                order = ("graph", "eager") if i % 2 == 0 else ("eager", "graph")
+                times = {side: streamed_ttft_ms(servers[side], body) for side in order}
+                pairs.append(times)
+            ratios = [p["eager"] / p["graph"] for p in pairs]
+            result["cases"][name] = {
+                "eager_over_graph_ttft": geometric_interval(ratios),
+                "median_ttft_ms": {s: statistics.median(p[s] for p in pairs) for s in servers},
+                "pairs": pairs,
+            }
+            summary = result["cases"][name]["eager_over_graph_ttft"]
+            print(f"{name}: eager/graph TTFT {summary['geometric_mean']:.2f}x "
+                  f"(95 % interval {summary['low']:.2f}-{summary['high']:.2f}, {len(pairs)} pairs)")  # fmt: skip
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

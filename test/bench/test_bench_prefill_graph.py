@@ -1,0 +1,44 @@
+"""The GPU prefill-graph benchmark, checked on CPU: its statistics, and a clear exit without a GPU."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "bench_prefill_graph.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_prefill_graph", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_interval_is_around_the_geometric_mean_and_narrows_with_pairs(bench):
+    ratios = [1.2, 1.5, 1.3, 1.4, 1.35, 1.25]
+    summary = bench.geometric_interval(ratios)
+    assert math.isclose(summary["geometric_mean"], math.exp(sum(map(math.log, ratios)) / 6))
+    assert summary["low"] < summary["geometric_mean"] < summary["high"]
+    wider = bench.geometric_interval(ratios[:3])
+    assert wider["high"] - wider["low"] > summary["high"] - summary["low"]
+    assert bench.geometric_interval([2.0, 2.0, 2.0])["low"] == pytest.approx(2.0)
+
+
+def test_requests_name_existing_media_and_one_output_token(bench, media_dir):
+    bodies = bench.request_bodies(media_dir)
+    for body in bodies.values():
+        assert body["sampling_params"]["max_new_tokens"] == 1
+        assert all(Path(p).exists() for key in ("image_data", "video_data") for p in body.get(key, []))
+    assert bodies["image_video_q75"]["mm_processor_kwargs"] == {"video_pruning_rate": 0.75}
+
+
+def test_without_a_gpu_it_says_so_and_starts_nothing(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--workdir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr
+    assert not (tmp_path / "graph.log").exists()
