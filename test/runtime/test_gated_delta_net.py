@@ -321,9 +321,73 @@ def test_speculative_verify_is_refused_not_miscomputed():
 # ---- wiring into SGLang -----------------------------------------------------
 
 
+def check_backend_forward() -> None:
+    """SGLang's GDNAttnBackend, without a server: extend two prompts, decode one token each,
+    against the whole layer (conv, gates, delta rule) run token by token. Needs the CPU engine."""
+    from types import SimpleNamespace as NS
+
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend, GDNKernelDispatcher
+    from sglang.srt.layers.attention.linear.utils import LinearAttnKernelBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    gen = torch.Generator().manual_seed(0)
+    H, HV, K, V, W = 1, 2, 4, 3, 4
+    dims = [H * K, H * K, HV * V]
+    dim = sum(dims)
+    heads = dict(num_q_heads=H, num_k_heads=H, num_v_heads=HV, head_q_dim=K, head_k_dim=K, head_v_dim=V)
+    layer = NS(layer_id=0, q_dim=dims[0], k_dim=dims[1], v_dim=dims[2], activation="silu", **heads)
+    layer.conv_weights, layer.bias = torch.randn(dim, W, generator=gen), torch.randn(dim, generator=gen)
+    layer.A_log, layer.dt_bias = torch.randn(HV, generator=gen), torch.randn(HV, generator=gen)
+    conv, ssm = torch.zeros(4, dim, W - 1), torch.zeros(4, HV, V, K)
+    cache = NS(conv=[conv], temporal=ssm, replayssm_d=None, replayssm_k=None, replayssm_g=None)
+    backend = GDNAttnBackend.__new__(GDNAttnBackend)  # its __init__ wants a ModelRunner
+    backend.kernel_dispatcher = GDNKernelDispatcher(LinearAttnKernelBackend.TRITON, LinearAttnKernelBackend.TRITON)
+    backend.mis_metadata = None
+    backend.req_to_token_pool = NS(mamba2_layer_cache=lambda layer_id: cache)
+    unused = ["retrieve_next_token", "retrieve_next_sibling", "retrieve_parent_token", "conv_block_table"]
+    unused += ["state_checkpoint_cu_starts", "num_state_checkpoints", "state_checkpoint_every_n_tokens"]
+    unused += ["track_chunk_idx", "replayssm_write_pos", "replayssm_force_flush"]
+    slots, prompt = torch.tensor([3, 1], dtype=torch.int32), [5, 3]
+    seq_x = [torch.randn(n + 1, dim, generator=gen) for n in prompt]  # prompt tokens, then one decode token
+    seq_a = [torch.randn(n + 1, HV, generator=gen) for n in prompt]
+    seq_b = [torch.randn(n + 1, HV, generator=gen) for n in prompt]
+
+    def packed(seqs, decode):
+        return torch.cat([s[-1:] if decode else s[:-1] for s in seqs])
+
+    backend.forward_metadata = NS(
+        query_start_loc=torch.tensor([0, 5, 8], dtype=torch.int32),
+        mamba_cache_indices=slots,
+        has_mamba_track_mask=False,
+        **dict.fromkeys(unused),
+    )
+    batch = NS(forward_mode=ForwardMode.EXTEND, extend_prefix_lens=torch.zeros(2, dtype=torch.int64))
+    batch.extend_seq_lens_cpu, batch.mamba_track_mask, batch.batch_size = prompt, None, 2
+    extend_out = backend.forward_extend(layer, batch, *(packed(s, False) for s in (seq_x, seq_a, seq_b)))
+
+    backend.forward_metadata.query_start_loc = torch.tensor([0, 1, 2], dtype=torch.int32)
+    batch = NS(forward_mode=ForwardMode.DECODE, mamba_track_mask=None, batch_size=2)
+    decode_out = backend.forward_decode(layer, batch, *(packed(s, True) for s in (seq_x, seq_a, seq_b)))
+
+    begin = 0
+    for i, n in enumerate(prompt):
+        mixed, _ = ref_conv_sequence(seq_x[i].T, layer.conv_weights, layer.bias, torch.zeros(dim, W - 1), "silu")
+        q, k, v = mixed.T.float().split(dims, dim=-1)
+        g = -layer.A_log.exp() * torch.nn.functional.softplus(seq_a[i] + layer.dt_bias)
+        qkv = q.view(-1, H, K), k.view(-1, H, K), v.view(-1, HV, V)
+        want, state = ref_delta_rule_sequence(*qkv, g, seq_b[i].sigmoid(), torch.zeros(HV, V, K), True)
+        torch.testing.assert_close(extend_out[0, begin : begin + n].double(), want[:n], **TOL)
+        torch.testing.assert_close(decode_out[0, i].double(), want[n], **TOL)
+        torch.testing.assert_close(ssm[int(slots[i])].double(), state, **TOL)
+        begin += n
+    print("backend forward ok")
+
+
 def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu():
-    """A fresh interpreter, as SGLang's scheduler: the GDN modules import and bind our functions."""
-    code = """
+    """A fresh interpreter, as SGLang's scheduler: the GDN modules import, bind our functions,
+    and GDNAttnBackend runs an extend and a decode through them."""
+    code = f"""
+        import sys
         import torch
         import sglang.srt.layers.attention.linear.gdn_backend as backend
         import sglang.srt.layers.attention.linear.kernels.gdn_triton as kernels
@@ -344,6 +408,9 @@ def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu():
         except ImportError:
             print("unknown mamba name -> ImportError")
         print("wired")
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import test_gated_delta_net
+        test_gated_delta_net.check_backend_forward()
     """
     env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
     env.pop("SGLANG_EVS_DISABLE_CPU_RUNTIME", None)
@@ -353,3 +420,4 @@ def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "unknown mamba name -> ImportError" in done.stdout
     assert "wired" in done.stdout
+    assert "backend forward ok" in done.stdout
