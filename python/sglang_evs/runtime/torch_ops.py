@@ -2,6 +2,9 @@
 
 import torch
 
+from sglang_evs.runtime import gated_delta_net as gdn
+from sglang_evs.runtime.sgl_kernel_mamba import VERIFY_UNSUPPORTED
+
 _libraries: list[torch.library.Library] = []  # keep alive: dropping one unregisters its ops
 
 # Looked up at import by sglang/srt/models/qwen3_5.py on CPU; never called on
@@ -13,6 +16,76 @@ QWEN3_5_CPU_OPS = (
     "fused_qk_gemma_rmsnorm_with_gate_cpu(Tensor q, Tensor k, Tensor qw, Tensor kw, float eps) -> ()",
     "fused_qkvzba_split_reshape_cat_contiguous_cpu(Tensor x) -> ()",
 )
+
+
+# Gated DeltaNet ops that sglang/srt/layers/attention/linear/{gdn_backend.py,
+# kernels/gdn_triton.py} look up at import on CPU and call on the Qwen3.5 path.
+GDN_CPU_OPS = (
+    "fused_gdn_gating_cpu(Tensor A_log, Tensor a, Tensor b, Tensor dt_bias) -> (Tensor, Tensor)",
+    (
+        "fused_sigmoid_gating_delta_rule_update_cpu(Tensor A_log, Tensor dt_bias, Tensor q, Tensor k, Tensor v, "
+        "Tensor a, Tensor b, Tensor(s!) initial_state_source, Tensor initial_state_indices, Tensor cu_seqlens, "
+        "bool use_qk_l2norm_in_kernel, float softplus_beta=1.0, float softplus_threshold=20.0, bool is_kda=False, "
+        "bool disable_state_update=False, Tensor? intermediate_states_buffer=None, "
+        "Tensor? intermediate_state_indices=None, int? cache_steps=None, Tensor? retrieve_parent_token=None) -> Tensor"
+    ),
+)
+
+
+def fused_gdn_gating_cpu(
+    A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Body of torch.ops.sgl_kernel.fused_gdn_gating_cpu: a, b [T, HV] -> g [1, T, HV] fp32, beta [1, T, HV]."""
+    return gdn.gdn_gating(A_log, a, b, dt_bias)
+
+
+def fused_sigmoid_gating_delta_rule_update_cpu(
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    initial_state_source: torch.Tensor,
+    initial_state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    use_qk_l2norm_in_kernel: bool,
+    softplus_beta: float = 1.0,
+    softplus_threshold: float = 20.0,
+    is_kda: bool = False,
+    disable_state_update: bool = False,
+    intermediate_states_buffer: torch.Tensor | None = None,
+    intermediate_state_indices: torch.Tensor | None = None,
+    cache_steps: int | None = None,
+    retrieve_parent_token: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Body of torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu (decode).
+    q, k [1, T, H, K]; v [1, T, HV, V]; a, b [T, HV]; the pool initial_state_source
+    [slots, HV, V, K] updated in place at initial_state_indices [N]. Returns [1, T, HV, V]."""
+    if is_kda or disable_state_update or intermediate_states_buffer is not None:
+        raise NotImplementedError(VERIFY_UNSUPPORTED)
+    return gdn.sigmoid_gated_delta_rule_update(
+        A_log,
+        dt_bias,
+        q,
+        k,
+        v,
+        a,
+        b,
+        initial_state_source,
+        initial_state_indices,
+        cu_seqlens,
+        use_qk_l2norm_in_kernel,
+        softplus_beta,
+        softplus_threshold,
+    )
+
+
+GDN_CPU_IMPLS = {
+    "fused_gdn_gating_cpu": fused_gdn_gating_cpu,
+    "fused_sigmoid_gating_delta_rule_update_cpu": fused_sigmoid_gating_delta_rule_update_cpu,
+}
 
 
 def _op_exists(namespace: str, name: str) -> bool:
@@ -27,14 +100,15 @@ def _not_available(name: str):
 
 
 def define_sgl_kernel_ops() -> None:
-    missing = [s for s in QWEN3_5_CPU_OPS if not _op_exists("sgl_kernel", s.split("(")[0])]
+    """Idempotent: defines whichever of the ops above do not exist yet."""
+    missing = [s for s in QWEN3_5_CPU_OPS + GDN_CPU_OPS if not _op_exists("sgl_kernel", s.split("(")[0])]
     if not missing:
         return
     lib = torch.library.Library("sgl_kernel", "FRAGMENT")
     for schema in missing:
         name = schema.split("(")[0]
         lib.define(schema)
-        lib.impl(name, _not_available(name), "CompositeExplicitAutograd")
+        lib.impl(name, GDN_CPU_IMPLS.get(name) or _not_available(name), "CompositeExplicitAutograd")
     _libraries.append(lib)
 
 
