@@ -113,6 +113,8 @@ def test_cli_config_overrides_land_in_the_checkpoint(architecture, tmp_path, mon
         ("Qwen3VLForConditionalGeneration", {"text_config": {"head_dim": 32}}, "mrope_section"),
         ("Qwen3_5ForConditionalGeneration", {"vision_config": {"deepstack_visual_indexes": [0]}}, "deepstack"),
         ("Qwen3_5ForConditionalGeneration", {"text_config": {"layer_types": ["full_attention"] * 4}}, "interval"),
+        ("Qwen2VLForConditionalGeneration", {"text_config": 3}, "JSON objects"),
+        ("Qwen2VLForConditionalGeneration", [1, 2], "JSON object"),
     ],
 )
 def test_bad_overrides_fail_naming_the_problem(architecture, overrides, message):

@@ -359,6 +359,9 @@ def build_config(architecture: str, profile: str, tokenizer, config_overrides: M
     """The architecture's config at the profile, wired to the tokenizer, with the overrides merged in."""
     import transformers
 
+    if not isinstance(config_overrides or {}, Mapping):
+        raise ValueError(f"config overrides must be a JSON object, not {config_overrides!r}")
+
     arch = ARCHITECTURES[architecture]
     if profile not in arch.profiles:
         raise ValueError(f"{architecture} has profiles {sorted(arch.profiles)}, not {profile!r}")
@@ -368,6 +371,8 @@ def build_config(architecture: str, profile: str, tokenizer, config_overrides: M
 
     overrides = dict(config_overrides or {})
     text_overrides, vision_overrides = overrides.pop("text_config", {}), overrides.pop("vision_config", {})
+    if not isinstance(text_overrides, Mapping) or not isinstance(vision_overrides, Mapping):
+        raise ValueError("text_config and vision_config overrides must be JSON objects")
     _check_known("top-level", overrides, config_cls, top)
     _check_known("text_config", text_overrides, config_cls.sub_configs["text_config"], text)
     _check_known("vision_config", vision_overrides, config_cls.sub_configs["vision_config"], vision)
@@ -383,19 +388,20 @@ def build_config(architecture: str, profile: str, tokenizer, config_overrides: M
     )
     if interval is not None:
         config.text_config.full_attention_interval = interval  # HF drops it; SGLang reads only it
-    _check_consistent(architecture, config)
+    _check_consistent(config)
     return config
 
 
-def _check_consistent(architecture: str, config: Any) -> None:
+def _check_consistent(config: Any) -> None:
     text, vision = config.text_config, config.vision_config
     rope = text.rope_parameters
     rotary_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
     rotary_dim = int(rotary_dim * rope.get("partial_rotary_factor", 1.0))
     if 2 * sum(rope["mrope_section"]) != rotary_dim:
         raise ValueError(f"mrope_section {rope['mrope_section']} must sum to half the rotary dim {rotary_dim}")
-    if architecture.startswith("Qwen3_5") and getattr(vision, "deepstack_visual_indexes", []):
-        raise ValueError("transformers 5.19's Qwen3.5 vision tower has no deepstack mergers; keep the levels []")
+    has_deepstack = "deepstack_visual_indexes" in {f.name for f in dataclasses.fields(type(vision))}
+    if not has_deepstack and getattr(vision, "deepstack_visual_indexes", []):
+        raise ValueError(f"{type(vision).__name__} builds no deepstack mergers; keep deepstack_visual_indexes []")
 
 
 def build_tiny_model(
