@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny Qwen3-VL checkpoint, synthetic media, and a CPU server.
+"""Shared fixtures: the tiny checkpoints (Qwen3-VL and the other Qwen VLMs), synthetic media, and a CPU server.
 
 The test command (scripts/run_tests.sh) exports the CPU environment
 (scripts/cpu_env.sh) before Python starts, so the CPU runtime's import hook
@@ -22,16 +22,16 @@ def _source_hash(*paths: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def build_cached_model(profile: str, arch: str = "qwen3_vl") -> Path:
+def build_cached_model(profile: str = "tiny", architecture: str | None = None) -> Path:
     """Build the checkpoint once per version of the builder; later runs reuse it."""
     from sglang_evs.testing import tiny_model
 
-    out = CACHE / "models" / f"{arch}-{profile}-{_source_hash(Path(tiny_model.__file__))}"
-    if not (out / "model.safetensors").exists():
-        if arch == "qwen2_vl":
-            tiny_model.build_tiny_qwen2_vl(out)
-        else:
-            tiny_model.build_tiny_qwen3_vl(out, profile=profile)
+    architecture = architecture or tiny_model.DEFAULT_ARCHITECTURE
+    out = CACHE / "models" / f"{architecture}-{profile}-{_source_hash(Path(tiny_model.__file__))}"
+    if not out.exists():  # built aside and renamed, so an interrupted build leaves nothing half-written
+        partial = out.with_name(out.name + f".partial-{os.getpid()}")
+        tiny_model.build_tiny_model(partial, architecture, profile)
+        partial.rename(out)
     return out
 
 
@@ -41,8 +41,28 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_vl_moe_dir() -> Path:
+    return build_cached_model("tiny", "Qwen3VLMoeForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_vl_dir() -> Path:
-    return build_cached_model("tiny", arch="qwen2_vl")
+    return build_cached_model("tiny", "Qwen2VLForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl_dir() -> Path:
+    return build_cached_model("tiny", "Qwen2_5_VLForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_dir() -> Path:
+    return build_cached_model("tiny", "Qwen3_5ForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_moe_dir() -> Path:
+    return build_cached_model("tiny", "Qwen3_5MoeForConditionalGeneration")
 
 
 @pytest.fixture(scope="session")

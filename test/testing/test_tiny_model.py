@@ -1,24 +1,143 @@
-"""The offline tiny Qwen3-VL loads in HF transformers, and the profiles have the intended shape."""
+"""The offline tiny checkpoints load and run in HF transformers, and the builder's options land in them."""
 
+import json
+import sys
+
+import numpy as np
+import pytest
 import torch
 
 from sglang_evs.testing import tiny_model
+from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt
+
+FIXTURES = {
+    "Qwen3VLForConditionalGeneration": "tiny_model_dir",
+    "Qwen3VLMoeForConditionalGeneration": "tiny_qwen3_vl_moe_dir",
+    "Qwen2_5_VLForConditionalGeneration": "tiny_qwen2_5_vl_dir",
+    "Qwen2VLForConditionalGeneration": "tiny_qwen2_vl_dir",
+    "Qwen3_5ForConditionalGeneration": "tiny_qwen3_5_dir",
+    "Qwen3_5MoeForConditionalGeneration": "tiny_qwen3_5_moe_dir",
+}
+# Far above float32 rounding (~1e-5 on logits of size ~10): the pixels reach the output.
+PIXEL_EFFECT = 0.1
 
 
-def test_checkpoint_loads_in_transformers(tiny_model_dir):
+def test_every_architecture_has_a_fixture():
+    assert set(FIXTURES) == set(tiny_model.ARCHITECTURES)
+
+
+@pytest.fixture(params=list(FIXTURES))
+def checkpoint(request):
+    return request.param, request.getfixturevalue(FIXTURES[request.param])
+
+
+def test_config_tokenizer_and_chat_template_agree(checkpoint):
     from transformers import AutoConfig, AutoProcessor
 
-    config = AutoConfig.from_pretrained(tiny_model_dir)
-    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    architecture, path = checkpoint
+    config = AutoConfig.from_pretrained(path)
+    processor = AutoProcessor.from_pretrained(path)
     tok = processor.tokenizer
-    assert config.model_type == "qwen3_vl"
+    assert config.architectures == [architecture]
     assert tok.convert_tokens_to_ids("<|video_pad|>") == config.video_token_id
     assert tok.convert_tokens_to_ids("<|image_pad|>") == config.image_token_id
     assert tok.convert_tokens_to_ids("<|vision_start|>") == config.vision_start_token_id
+    assert tok.convert_tokens_to_ids("<|vision_end|>") == config.vision_end_token_id
     assert config.text_config.vocab_size == len(tok)
-    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "hi"}]}]
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "video"}, {"type": "text", "text": "hi"}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    assert "<|vision_start|><|video_pad|><|vision_end|>" in text
+    assert text.count("<|vision_start|><|video_pad|><|vision_end|>") == 2
+
+
+def _image(seed: int):
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 96, 3), dtype=np.uint8))
+
+
+def _clip(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (8, 64, 64, 3), dtype=np.uint8)
+
+
+def test_image_and_video_forwards_depend_on_the_pixels(checkpoint):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    architecture, path = checkpoint
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(path)
+    assert type(model).__name__ == architecture
+
+    def last_logits(**media) -> torch.Tensor:
+        kind = IMAGE if "images" in media else VIDEO
+        inputs = processor(text=[chat_prompt(kind)], return_tensors="pt", **media)
+        if architecture == "Qwen2_5_VLForConditionalGeneration" and "videos" in media:
+            assert inputs["second_per_grid_ts"].numel() == 1  # drives the temporal positions
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, -1]
+        assert torch.isfinite(logits).all()
+        return logits
+
+    assert (last_logits(images=[_image(0)]) - last_logits(images=[_image(1)])).abs().max() > PIXEL_EFFECT
+    assert (last_logits(videos=[_clip(0)]) - last_logits(videos=[_clip(1)])).abs().max() > PIXEL_EFFECT
+
+
+@pytest.mark.parametrize("architecture", list(FIXTURES))
+def test_cli_config_overrides_land_in_the_checkpoint(architecture, tmp_path, monkeypatch):
+    from transformers import AutoModelForImageTextToText
+
+    base = tiny_model.build_config(architecture, "tiny", tiny_model.build_tokenizer())
+    layers, depth = base.text_config.num_hidden_layers + 1, base.vision_config.depth + 1
+    overrides = {"text_config": {"num_hidden_layers": layers}, "vision_config": {"depth": depth}}
+    if hasattr(base.vision_config, "deepstack_visual_indexes"):
+        overrides["vision_config"]["deepstack_visual_indexes"] = []
+    argv = [str(tmp_path), "--architecture", architecture, "--config-json", json.dumps(overrides), "--seed", "3"]
+    monkeypatch.setattr(sys, "argv", ["tiny_model", *argv])
+    tiny_model.main()
+
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["text_config"]["num_hidden_layers"] == layers
+    assert saved["vision_config"]["depth"] == depth
+    assert saved["vision_config"].get("deepstack_visual_indexes", []) == []
+    assert json.loads((tmp_path / "sglang_evs_profile.json").read_text())["config_overrides"] == overrides
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path)
+    assert len(model.model.language_model.layers) == layers
+    assert len(model.model.visual.blocks) == depth
+
+
+@pytest.mark.parametrize(
+    ("architecture", "overrides", "message"),
+    [
+        ("Qwen3VLForConditionalGeneration", {"text_config": {"num_hidden_layer": 3}}, "num_hidden_layer"),
+        ("Qwen2_5_VLForConditionalGeneration", {"vision_config": {"window": 64}}, "window"),
+        ("Qwen3VLForConditionalGeneration", {"image_token": 5}, "image_token"),
+        ("Qwen3VLForConditionalGeneration", {"text_config": {"head_dim": 32}}, "mrope_section"),
+        ("Qwen3_5ForConditionalGeneration", {"vision_config": {"deepstack_visual_indexes": [0]}}, "deepstack"),
+        ("Qwen3_5ForConditionalGeneration", {"text_config": {"layer_types": ["full_attention"] * 4}}, "interval"),
+        ("Qwen2VLForConditionalGeneration", {"text_config": 3}, "JSON objects"),
+        ("Qwen2VLForConditionalGeneration", [1, 2], "JSON object"),
+    ],
+)
+def test_bad_overrides_fail_naming_the_problem(architecture, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_model.build_config(architecture, "tiny", tiny_model.build_tokenizer(), overrides)
+
+
+def test_small_profile_is_qwen3_vl_only():
+    with pytest.raises(ValueError, match="small"):
+        tiny_model.build_config("Qwen3_5ForConditionalGeneration", "small", tiny_model.build_tokenizer())
+
+
+def test_qwen3_5_is_hybrid_as_sglang_reads_it(tiny_qwen3_5_dir, tiny_qwen3_5_moe_dir):
+    for path in (tiny_qwen3_5_dir, tiny_qwen3_5_moe_dir):
+        text = json.loads((path / "config.json").read_text())["text_config"]
+        interval = text["full_attention_interval"]  # SGLang 0.5.23 ignores layer_types
+        expected = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(text["num_hidden_layers"])
+        ]
+        assert text["layer_types"] == expected and set(expected) == {"full_attention", "linear_attention"}
+        rotary_dim = text["head_dim"] * text["rope_parameters"]["partial_rotary_factor"]
+        assert 2 * sum(text["rope_parameters"]["mrope_section"]) == rotary_dim
 
 
 def test_build_is_deterministic(tmp_path):

@@ -1,19 +1,31 @@
-"""Write a random-weight Qwen3-VL checkpoint that HF transformers and SGLang both load, offline.
+"""Write a random-weight Qwen VLM checkpoint that HF transformers and SGLang both load, offline.
 
-    python -m sglang_evs.testing.tiny_model OUT_DIR [--profile tiny|small] [--seed 0]
+    python -m sglang_evs.testing.tiny_model OUT_DIR [--architecture ARCH] [--profile tiny|small]
+        [--config-json '{"text_config": {"num_hidden_layers": 3}}'] [--seed 0]
+
+Architectures (HF class names): Qwen3VLForConditionalGeneration (default), Qwen3VLMoeForConditionalGeneration,
+Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration, Qwen3_5ForConditionalGeneration,
+Qwen3_5MoeForConditionalGeneration. All share one tokenizer, so the special-token ids are the same.
 
 Profiles:
-  tiny   seconds on CPU; for correctness tests.
-  small  a language model that dominates prefill time, for performance ratios such
-         as EVS time-to-first-token: Qwen3-VL-2B's language-model width (2048, 16
+  tiny   seconds on CPU; for correctness tests. Every architecture has one.
+  small  Qwen3-VL only: a language model that dominates prefill time, for performance ratios
+         such as EVS time-to-first-token: Qwen3-VL-2B's language-model width (2048, 16
          heads of 128, 8 KV heads, M-RoPE sections 24/20/20) with 8 of its 28
          layers; the vision tower stays tiny.
+
+--config-json overrides config fields: top-level keys, and dicts under "text_config" /
+"vision_config" merged into those sub-configs (nested dicts such as rope_parameters merge too).
+A key that neither the config class nor the profile knows is an error.
 """
 
 import argparse
+import dataclasses
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -106,10 +118,212 @@ def build_tokenizer(vocab_size: int = 400):
     return tokenizer
 
 
-def _token_id_fields(tokenizer) -> tuple[dict, dict]:
-    """The tokenizer's special ids as (text-config fields, top-level fields) of a Qwen-VL config."""
+@dataclass(frozen=True)
+class Fields:
+    """Config fields of one architecture at one profile, before token ids and overrides."""
+
+    text: dict[str, Any]
+    vision: dict[str, Any]
+    top: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _qwen3_vl_fields(p: Profile) -> Fields:
+    return Fields(
+        text=dict(
+            hidden_size=p.text_hidden,
+            intermediate_size=p.text_intermediate,
+            num_hidden_layers=p.text_layers,
+            num_attention_heads=p.text_heads,
+            num_key_value_heads=p.text_kv_heads,
+            head_dim=p.head_dim,
+            max_position_embeddings=32768,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=5_000_000.0,
+                mrope_section=list(p.mrope_section),
+                mrope_interleaved=True,
+            ),
+        ),
+        vision=dict(
+            depth=p.vision_depth,
+            hidden_size=p.vision_hidden,
+            intermediate_size=p.vision_intermediate,
+            num_heads=p.vision_heads,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=p.text_hidden,
+            num_position_embeddings=576,
+            deepstack_visual_indexes=list(p.deepstack_indexes),
+        ),
+    )
+
+
+TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def _qwen3_vl_moe_fields() -> Fields:
+    fields = _qwen3_vl_fields(PROFILES["tiny"])
+    return Fields({**fields.text, **TINY_MOE, "decoder_sparse_step": 1}, fields.vision)
+
+
+def _qwen2_vl_fields() -> Fields:
+    return Fields(
+        text=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]),
+        ),
+        vision=dict(
+            depth=2,
+            embed_dim=64,
+            hidden_size=64,
+            mlp_ratio=2,
+            num_heads=4,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_chans=3,  # the released checkpoints carry it and SGLang 0.5.23 reads it
+        ),
+    )
+
+
+def _qwen2_5_vl_fields() -> Fields:
+    text = _qwen2_vl_fields().text
+    return Fields(
+        text=text,
+        vision=dict(
+            depth=4,
+            hidden_size=64,
+            intermediate_size=128,  # SGLang rounds it up to a multiple of 8
+            num_heads=4,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,  # 8 patches, 4 merged tokens per window side
+            fullatt_block_indexes=[1, 3],  # blocks 0 and 2 attend within windows
+            out_hidden_size=text["hidden_size"],
+            tokens_per_second=2,  # as in the released Qwen2.5-VL configs
+        ),
+    )
+
+
+def _qwen3_5_fields() -> Fields:
+    # As in the released Qwen3.5: rotary on a quarter of each head (partial_rotary_factor 0.25,
+    # which SGLang 0.5.23 assumes whatever the config says), so mrope_section sums to head_dim / 8.
+    return Fields(
+        text=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            full_attention_interval=2,  # linear, full, linear, full
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            linear_conv_kernel_dim=4,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            max_position_embeddings=32768,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=10_000_000.0,
+                partial_rotary_factor=0.25,
+                mrope_section=[2, 1, 1],
+                mrope_interleaved=True,
+            ),
+        ),
+        vision=dict(
+            depth=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_heads=4,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=64,
+            num_position_embeddings=576,
+            # transformers 5.19 has no deepstack in Qwen3.5; said explicitly because SGLang's config
+            # class would otherwise default to levels [8, 16, 24] whose weights do not exist.
+            deepstack_visual_indexes=[],
+        ),
+    )
+
+
+def _qwen3_5_moe_fields() -> Fields:
+    fields = _qwen3_5_fields()
+    text = {k: v for k, v in fields.text.items() if k != "intermediate_size"}
+    return Fields({**text, **TINY_MOE, "shared_expert_intermediate_size": 32}, fields.vision)
+
+
+def _qwen2_vl_processor(tokenizer, image_processor_cls: str, video_processor_cls: str, processor_cls: str):
+    import transformers
+
+    size = {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
+    patches = dict(patch_size=14, merge_size=2, temporal_patch_size=2, size=size)
+    return getattr(transformers, processor_cls)(
+        image_processor=getattr(transformers, image_processor_cls)(**patches),
+        tokenizer=tokenizer,
+        video_processor=getattr(transformers, video_processor_cls)(**patches),
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def _qwen3_vl_processor(tokenizer):
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    # Pixel bounds as in the released Qwen3-VL preprocessor configs.
+    patches = dict(patch_size=16, merge_size=2, temporal_patch_size=2)
+    return Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**patches, size={"shortest_edge": 65536, "longest_edge": 16777216}),
+        tokenizer=tokenizer,
+        video_processor=Qwen3VLVideoProcessor(**patches, size={"shortest_edge": 4096, "longest_edge": 25165824}),
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+@dataclass(frozen=True)
+class Architecture:
+    config_class: str  # in transformers
+    profiles: Mapping[str, Callable[[], Fields]]
+    processor: Callable[[Any], Any]  # tokenizer -> processor
+
+
+def _qwen2_processor(processor_cls: str) -> Callable[[Any], Any]:
+    return lambda tok: _qwen2_vl_processor(tok, "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", processor_cls)
+
+
+DEFAULT_ARCHITECTURE = "Qwen3VLForConditionalGeneration"
+ARCHITECTURES: dict[str, Architecture] = {
+    DEFAULT_ARCHITECTURE: Architecture(
+        "Qwen3VLConfig", {name: (lambda p=p: _qwen3_vl_fields(p)) for name, p in PROFILES.items()}, _qwen3_vl_processor
+    ),
+    "Qwen3VLMoeForConditionalGeneration": Architecture(
+        "Qwen3VLMoeConfig", {"tiny": _qwen3_vl_moe_fields}, _qwen3_vl_processor
+    ),
+    "Qwen2_5_VLForConditionalGeneration": Architecture(
+        "Qwen2_5_VLConfig", {"tiny": _qwen2_5_vl_fields}, _qwen2_processor("Qwen2_5_VLProcessor")
+    ),
+    "Qwen2VLForConditionalGeneration": Architecture(
+        "Qwen2VLConfig", {"tiny": _qwen2_vl_fields}, _qwen2_processor("Qwen2VLProcessor")
+    ),
+    "Qwen3_5ForConditionalGeneration": Architecture("Qwen3_5Config", {"tiny": _qwen3_5_fields}, _qwen3_vl_processor),
+    "Qwen3_5MoeForConditionalGeneration": Architecture(
+        "Qwen3_5MoeConfig", {"tiny": _qwen3_5_moe_fields}, _qwen3_vl_processor
+    ),
+}
+
+
+def _token_id_fields(tokenizer) -> Fields:
+    """The tokenizer's special ids (and vocabulary size) as Qwen-VL config fields."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     text = {
+        "vocab_size": len(tokenizer),
         "bos_token_id": ids["<|endoftext|>"],
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
@@ -121,116 +335,108 @@ def _token_id_fields(tokenizer) -> tuple[dict, dict]:
         "vision_end_token_id": ids["<|vision_end|>"],
         "tie_word_embeddings": False,
     }
-    return text, top
+    return Fields(text, {}, top)
 
 
-def build_config(profile: Profile, tokenizer):
-    from transformers import Qwen3VLConfig
+def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
-    text_ids, top_ids = _token_id_fields(tokenizer)
-    return Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=profile.text_hidden,
-            intermediate_size=profile.text_intermediate,
-            num_hidden_layers=profile.text_layers,
-            num_attention_heads=profile.text_heads,
-            num_key_value_heads=profile.text_kv_heads,
-            head_dim=profile.head_dim,
-            max_position_embeddings=32768,
-            rope_parameters=dict(
-                rope_type="default",
-                rope_theta=5_000_000.0,
-                mrope_section=list(profile.mrope_section),
-                mrope_interleaved=True,
-            ),
-            **text_ids,
-        ),
-        vision_config=dict(
-            depth=profile.vision_depth,
-            hidden_size=profile.vision_hidden,
-            intermediate_size=profile.vision_intermediate,
-            num_heads=profile.vision_heads,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            out_hidden_size=profile.text_hidden,
-            num_position_embeddings=576,
-            deepstack_visual_indexes=list(profile.deepstack_indexes),
-        ),
-        **top_ids,
+
+def _check_known(where: str, keys: Any, config_cls: type, ours: Mapping[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(config_cls)} | set(config_cls.attribute_map) | set(ours)
+    unknown = sorted(set(keys) - known)
+    if unknown:
+        raise ValueError(f"unknown {where} keys {unknown} for {config_cls.__name__}")
+
+
+def build_config(architecture: str, profile: str, tokenizer, config_overrides: Mapping[str, Any] | None = None) -> Any:
+    """The architecture's config at the profile, wired to the tokenizer, with the overrides merged in."""
+    import transformers
+
+    if not isinstance(config_overrides or {}, Mapping):
+        raise ValueError(f"config overrides must be a JSON object, not {config_overrides!r}")
+
+    arch = ARCHITECTURES[architecture]
+    if profile not in arch.profiles:
+        raise ValueError(f"{architecture} has profiles {sorted(arch.profiles)}, not {profile!r}")
+    config_cls = getattr(transformers, arch.config_class)
+    fields, ids = arch.profiles[profile](), _token_id_fields(tokenizer)
+    text, vision, top = {**fields.text, **ids.text}, fields.vision, {**fields.top, **ids.top}
+
+    overrides = dict(config_overrides or {})
+    text_overrides, vision_overrides = overrides.pop("text_config", {}), overrides.pop("vision_config", {})
+    if not isinstance(text_overrides, Mapping) or not isinstance(vision_overrides, Mapping):
+        raise ValueError("text_config and vision_config overrides must be JSON objects")
+    _check_known("top-level", overrides, config_cls, top)
+    _check_known("text_config", text_overrides, config_cls.sub_configs["text_config"], text)
+    _check_known("vision_config", vision_overrides, config_cls.sub_configs["vision_config"], vision)
+    text, vision, top = _merge(text, text_overrides), _merge(vision, vision_overrides), _merge(top, overrides)
+
+    interval = text.pop("full_attention_interval", None)
+    if interval is not None and "layer_types" in text_overrides:
+        raise ValueError("set full_attention_interval, not layer_types: SGLang 0.5.23 derives the layers from it")
+    config = config_cls(
+        text_config=text if interval is None else {**text, "full_attention_interval": interval},
+        vision_config=vision,
+        **top,
     )
+    if interval is not None:
+        config.text_config.full_attention_interval = interval  # HF drops it; SGLang reads only it
+    _check_consistent(config)
+    return config
 
 
-def build_qwen2_vl_config(tokenizer):
-    """A tiny Qwen2-VL: a VLM with no model-specific embedding needs (no deepstack)."""
-    from transformers import Qwen2VLConfig
-
-    text_ids, top_ids = _token_id_fields(tokenizer)
-    return Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=32768,
-            rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0, mrope_section=[2, 3, 3]),
-            **text_ids,
-        ),
-        vision_config=dict(
-            depth=2,
-            embed_dim=64,
-            hidden_size=64,
-            mlp_ratio=2,
-            num_heads=4,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            in_chans=3,  # the released checkpoints carry it and SGLang 0.5.23 reads it
-        ),
-        **top_ids,
-    )
+def _check_consistent(config: Any) -> None:
+    text, vision = config.text_config, config.vision_config
+    rope = text.rope_parameters
+    rotary_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    rotary_dim = int(rotary_dim * rope.get("partial_rotary_factor", 1.0))
+    if 2 * sum(rope["mrope_section"]) != rotary_dim:
+        raise ValueError(f"mrope_section {rope['mrope_section']} must sum to half the rotary dim {rotary_dim}")
+    has_deepstack = "deepstack_visual_indexes" in {f.name for f in dataclasses.fields(type(vision))}
+    if not has_deepstack and getattr(vision, "deepstack_visual_indexes", []):
+        raise ValueError(f"{type(vision).__name__} builds no deepstack mergers; keep deepstack_visual_indexes []")
 
 
-def build_qwen2_vl_processor(tokenizer):
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
-
-    size = {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
-    return Qwen2VLProcessor(
-        image_processor=Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size),
-        tokenizer=tokenizer,
-        video_processor=Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size),
-        chat_template=CHAT_TEMPLATE,
-    )
-
-
-def build_tiny_qwen2_vl(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random Qwen2-VL (same tokenizer and weight rescaling as the Qwen3-VL builder)."""
-    from transformers import Qwen2VLForConditionalGeneration
+def build_tiny_model(
+    out_dir: str | Path,
+    architecture: str = DEFAULT_ARCHITECTURE,
+    profile: str = "tiny",
+    config_overrides: Mapping[str, Any] | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write config, seeded random bf16 weights (rescaled, see _make_context_matter), tokenizer,
+    processor and chat template to out_dir."""
+    import torch
+    import transformers
 
     tokenizer = build_tokenizer()
-    return _write_checkpoint(
-        out_dir, Qwen2VLForConditionalGeneration, build_qwen2_vl_config(tokenizer), tokenizer,
-        build_qwen2_vl_processor(tokenizer), seed,
-    )  # fmt: skip
-
-
-def _write_checkpoint(out_dir, model_cls, config, tokenizer, processor, seed: int) -> Path:
-    """Seeded random bf16 weights (rescaled, see _make_context_matter), tokenizer and processor."""
-    import torch
-
+    config = build_config(architecture, profile, tokenizer, config_overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = model_cls(config).to(torch.bfloat16)
+    model = getattr(transformers, architecture)(config).to(torch.bfloat16)
     _make_context_matter(model, torch)
     model.config.dtype = torch.bfloat16
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    processor.save_pretrained(out)
+    ARCHITECTURES[architecture].processor(tokenizer).save_pretrained(out)
+    provenance: dict[str, Any] = {"profile": profile, "seed": seed}
+    if architecture != DEFAULT_ARCHITECTURE or config_overrides:
+        provenance |= {"architecture": architecture, "config_overrides": dict(config_overrides or {})}
+    (out / "sglang_evs_profile.json").write_text(json.dumps(provenance))
     return out
+
+
+def build_tiny_qwen3_vl(out_dir: str | Path, profile: str = "tiny", seed: int = 0) -> Path:
+    """The default architecture; kept for the demo and the benchmark sweep."""
+    return build_tiny_model(out_dir, profile=profile, seed=seed)
 
 
 def _make_context_matter(model, torch) -> None:
@@ -239,12 +445,17 @@ def _make_context_matter(model, torch) -> None:
     # and vision features come out ~20x weaker than text embeddings. Rescale so
     # greedy tokens depend on the whole context, pixels included: otherwise a
     # parity test would pass even if an image were ignored.
+    language_model = model.model.language_model
     with torch.no_grad():
-        model.model.language_model.embed_tokens.weight.normal_(0.0, 1.0)
+        language_model.embed_tokens.weight.normal_(0.0, 1.0)
         model.lm_head.weight.normal_(0.0, 0.5)
-        for module in model.model.language_model.modules():
+        for module in language_model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.weight.normal_(0.0, module.in_features**-0.5)
+        for name, param in language_model.named_parameters():
+            # MoE experts ([experts, out, in]) and routers ([experts, in]) are bare parameters.
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj", "mlp.gate.weight")):
+                param.normal_(0.0, param.shape[-1] ** -0.5)
         for name, module in model.model.visual.named_modules():
             if (
                 "merger" in name
@@ -254,55 +465,16 @@ def _make_context_matter(model, torch) -> None:
                 module.weight.mul_(VISION_OUTPUT_GAIN)
 
 
-def build_processor(tokenizer):
-    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
-
-    # Pixel bounds as in the released Qwen3-VL preprocessor configs.
-    image_processor = Qwen2VLImageProcessor(
-        patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        size={"shortest_edge": 65536, "longest_edge": 16777216},
-    )
-    video_processor = Qwen3VLVideoProcessor(
-        patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        size={"shortest_edge": 4096, "longest_edge": 25165824},
-    )
-    return Qwen3VLProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        video_processor=video_processor,
-        chat_template=CHAT_TEMPLATE,
-    )
-
-
-def build_tiny_qwen3_vl(out_dir: str | Path, profile: str = "tiny", seed: int = 0) -> Path:
-    """Write config, safetensors weights, tokenizer, processor and chat template to out_dir."""
-    from transformers import Qwen3VLForConditionalGeneration
-
-    tokenizer = build_tokenizer()
-    config = build_config(PROFILES[profile], tokenizer)
-    out = _write_checkpoint(
-        out_dir, Qwen3VLForConditionalGeneration, config, tokenizer, build_processor(tokenizer), seed
-    )
-    (out / "sglang_evs_profile.json").write_text(json.dumps({"profile": profile, "seed": seed}))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
+    parser.add_argument("--architecture", choices=list(ARCHITECTURES), default=DEFAULT_ARCHITECTURE)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="tiny")
-    parser.add_argument("--arch", choices=["qwen3_vl", "qwen2_vl"], default="qwen3_vl")
+    parser.add_argument("--config-json", type=json.loads, default={}, help="config overrides, a JSON object")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.arch == "qwen2_vl":
-        path = build_tiny_qwen2_vl(args.out_dir, args.seed)
-    else:
-        path = build_tiny_qwen3_vl(args.out_dir, args.profile, args.seed)
-    print(f"wrote {args.arch} ({args.profile}) to {path}")
+    path = build_tiny_model(args.out_dir, args.architecture, args.profile, args.config_json, args.seed)
+    print(f"wrote {args.architecture} ({args.profile}) to {path}")
 
 
 if __name__ == "__main__":
