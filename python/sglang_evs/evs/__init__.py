@@ -25,7 +25,6 @@ from .positions import (
 )
 from .selection import (
     PRUNING_RATE_SETTING,
-    apply_retention_mask,
     grid_tokens,
     retained_token_count,
     retention_mask,
@@ -36,7 +35,6 @@ __all__ = [
     "PRUNING_RATE_SETTING",
     "PositionPlan",
     "RequestLayout",
-    "apply_retention_mask",
     "build_position_plan",
     "canonical_keep_mask",
     "canonical_kept_per_group",
