@@ -92,6 +92,21 @@ def test_evs_core_loads_without_sglang_packages() -> None:
         assert "sglang.srt.multimodal.evs" not in sys.modules
 
 
+def test_evs_core_already_imported_is_the_one_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = sglang_compat.INTERNALS["evs_core"].partition(":")[0]
+    fake = ModuleType(name)
+    fake.compute_retained_tokens_count = lambda tpf, t, q: 7  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, name, fake)
+    assert sglang_compat.resolve_file("evs_core") is fake
+    assert retained_token_count(16, 4, 0.5) == 7  # served by whatever SGLang has loaded
+
+
+def test_missing_sglang_file_raises_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sglang_compat.INTERNALS, "gone", "sglang.srt.multimodal.evs.no_such_file:")
+    with pytest.raises(ImportError, match="no_such_file"):
+        sglang_compat.resolve_file("gone")
+
+
 # ----------------------------------------------------------- exact masks
 VEC = {"a": [1.0, 0, 0], "b": [0, 1.0, 0], "c": [0, 0, 1.0], "-a": [-1.0, 0, 0]}
 
