@@ -48,7 +48,7 @@ def _rate(pruning_rate: object) -> float:
 
 
 def retained_token_count(tokens_per_frame: int, num_frames: int, pruning_rate: float) -> int:
-    """Rows VidCom2 keeps: ``max(T, min(int(T * tpf * (1 - q)), T * tpf))`` (at least one per frame)."""
+    """Rows VidCom2 keeps: ``max(T, min(int(T * tpf * (1 - q)), T * tpf))``, never fewer than ``T``."""
     q = _rate(pruning_rate)
     tpf, t = int(tokens_per_frame), int(num_frames)
     if tpf < 1 or t < 1:
@@ -78,8 +78,8 @@ def retention_mask(
 
     Returns:
         ``[T * h * w]`` bool on ``video_embeds.device`` with exactly
-        :func:`retained_token_count` ``(h * w, T, q)`` entries True, at least one per frame
-        before the final count adjustment.
+        :func:`retained_token_count` ``(h * w, T, q)`` entries True.  Every frame's
+        budget is at least 1, but the final count adjustment may still empty a frame.
     """
     t, h, w = check_video_rows(video_embeds, grid_thw, spatial_merge_size)
     tpf = h * w
