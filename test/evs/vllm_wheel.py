@@ -91,9 +91,13 @@ def _fetch_by_pip() -> dict[str, bytes]:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         wheels = list(Path(tmp).glob("vllm-*.whl"))
         if done.returncode or not wheels:
-            raise VllmUnavailable(f"`{' '.join(cmd[2:])}` failed: {done.stderr.strip()[-500:]}")
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise VllmUnavailable(f"`pip download --no-deps vllm=={VERSION}` failed: {last}")
         with zipfile.ZipFile(wheels[0]) as wheel:
             return _read_members(wheel)
+
+
+_failures: list[VllmUnavailable] = []  # tried and failed in this process: not again
 
 
 def fetch() -> dict[str, Path]:
@@ -101,6 +105,22 @@ def fetch() -> dict[str, Path]:
     paths = {name: CACHE / f"{name}.py" for name in MEMBERS}
     if all(p.is_file() for p in paths.values()):
         return paths
+    if _failures:
+        raise _failures[0]
+    try:
+        files = _fetch()
+    except VllmUnavailable as err:
+        _failures.append(err)
+        raise
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        tmp = paths[name].with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(paths[name])
+    return paths
+
+
+def _fetch() -> dict[str, bytes]:
     try:
         files = _fetch_by_range()
     except Exception as range_error:  # any failure: try pip itself
@@ -110,12 +130,7 @@ def fetch() -> dict[str, Path]:
             raise VllmUnavailable(f"range read: {range_error}; {pip_error}") from pip_error
         except (OSError, subprocess.SubprocessError, zipfile.BadZipFile, KeyError) as pip_error:
             raise VllmUnavailable(f"range read: {range_error}; pip download: {pip_error}") from pip_error
-    CACHE.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        tmp = paths[name].with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(paths[name])
-    return paths
+    return files
 
 
 @cache
