@@ -1,12 +1,14 @@
-"""Cost of the EVS keep-mask next to the vision encoder that produced its rows, for the same clip.
+"""Cost of the keep-mask (EVS, VidCom2) next to the vision encoder that produced its rows, for the same clip.
 
 Builds a Qwen3-VL vision tower with a real checkpoint's shape (random weights: the cost does not
-depend on their values), encodes one clip of T temporal groups, and times
-``sglang_evs.evs.retention_mask`` on exactly the rows the tower returned: the main merger output
-concatenated with the deepstack levels, as the serving model scores them. Prints the medians and
-mask / encoder; the goal of issue 6 is below 1 %.
+depend on their values), encodes one clip of T temporal groups, and times each method's
+``retention_mask`` (``sglang_evs.evs.METHODS``) on exactly the rows the tower returned: the main
+merger output concatenated with the deepstack levels, as the serving model scores them. Prints the
+medians and mask / encoder; the goal of issue 6 is below 1 %.
 
-    PYTHONPATH=python python benchmark/bench_retention_mask.py [--tower 2b|8b] [--groups 4]
+    PYTHONPATH=python python benchmark/bench_retention_mask.py [--tower 2b|8b] [--groups 4] [--method evs|vidcom2|all]
+
+``--pruning-rate`` is q for both methods (VidCom2's video_retention_ratio is 1 - q).
 
 Both costs are linear in T (the tower attends within each frame), so a short clip gives the ratio of
 a long one at a fraction of the CPU time.
@@ -25,7 +27,7 @@ import torch
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-from sglang_evs.evs import retained_token_count, retention_mask
+from sglang_evs.evs import METHODS
 
 # vision_config of Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-VL-8B-Instruct
 TOWERS = {
@@ -79,7 +81,8 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=4, help="temporal groups T (2 frames each)")
     p.add_argument("--height", type=int, default=16, help="merged rows h per group (frame height / 32)")
     p.add_argument("--width", type=int, default=28, help="merged cols w per group (frame width / 32)")
-    p.add_argument("--pruning-rate", type=float, default=0.75)
+    p.add_argument("--pruning-rate", type=float, default=0.75, help="q (VidCom2: 1 - retention ratio)")
+    p.add_argument("--method", choices=[*METHODS, "all"], default="all", help="keep-mask(s) to time")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions of each")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = p.parse_args()
@@ -87,24 +90,29 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t, h, w = args.groups, args.height, args.width
     grid_thw = torch.tensor([[t, 2 * h, 2 * w]])
-    keep = retained_token_count(h * w, t, args.pruning_rate)
+    methods = list(METHODS.values()) if args.method == "all" else [METHODS[args.method]]
+    keeps = ", ".join(f"{m.name} keeps {m.retained_token_count(h * w, t, args.pruning_rate)}" for m in methods)
     print(f"torch {torch.__version__}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     print(f"clip: T={t} groups of {2 * h * 16}x{2 * w * 16} px = {t * h * w} merged tokens, "
-          f"q={args.pruning_rate} keeps {keep}; tower {args.tower} ({TOWERS[args.tower]['depth']} layers)")  # fmt: skip
+          f"q={args.pruning_rate}: {keeps}; tower {args.tower} ({TOWERS[args.tower]['depth']} layers)")  # fmt: skip
 
     tower = build_tower(args.tower)
     pixels = torch.randn(int(grid_thw.prod()), 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    fmt = ", ".join
+    grid = tuple(grid_thw[0].tolist())
     with torch.inference_mode():
         encoder_s, encoder_runs = median_seconds(lambda: encode(tower, pixels, grid_thw), args.reps)
+        print(f"vision encoder fp32: median {encoder_s * 1e3:.1f} ms "
+              f"(runs {fmt(f'{x * 1e3:.1f}' for x in encoder_runs)})")  # fmt: skip
         rows = encode(tower, pixels, grid_thw)
-        mask_s, mask_runs = median_seconds(lambda: retention_mask(rows, tuple(grid_thw[0].tolist()), 2,
-                                                                  args.pruning_rate), args.reps)  # fmt: skip
-    fmt = ", ".join
-    print(f"vision encoder fp32: median {encoder_s * 1e3:.1f} ms (runs {fmt(f'{x * 1e3:.1f}' for x in encoder_runs)})")
-    print(f"retention_mask on its {tuple(rows.shape)} rows: median {mask_s * 1e3:.2f} ms "
-          f"(runs {fmt(f'{x * 1e3:.2f}' for x in mask_runs)})")  # fmt: skip
-    print(f"mask / encoder = {mask_s / encoder_s:.4%}")
+        for method in methods:
+            mask_s, mask_runs = median_seconds(
+                lambda method=method: method.retention_mask(rows, grid, 2, args.pruning_rate), args.reps
+            )
+            print(f"{method.name} retention_mask on its {tuple(rows.shape)} rows: median {mask_s * 1e3:.2f} ms "
+                  f"(runs {fmt(f'{x * 1e3:.2f}' for x in mask_runs)}); "
+                  f"mask / encoder = {mask_s / encoder_s:.4%}")  # fmt: skip
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 

@@ -9,7 +9,11 @@ any SGLang version or layout this package was not written against.
 
 import importlib
 import importlib.metadata
+import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 SUPPORTED_SGLANG_VERSION = "0.5.23"
@@ -43,6 +47,8 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen3LLMModel": "sglang.srt.models.qwen3_vl:Qwen3LLMModel",
     "UpstreamQwen3VLMoe": "sglang.srt.models.qwen3_vl_moe:Qwen3VLMoeForConditionalGeneration",
     "UpstreamQwen3MoeLLMModel": "sglang.srt.models.qwen3_vl_moe:Qwen3MoeLLMModel",
+    # EVS maths (pure torch), used by sglang_evs.evs through resolve_file()
+    "evs_core": "sglang.srt.multimodal.evs.evs_core:",
 }
 # What the plugin hooks (HookRegistry targets), name used in this package -> "module:attribute path".
 HOOK_TARGETS: dict[str, str] = {
@@ -107,6 +113,34 @@ def _resolve_path(path: str) -> Any:
     for attr in attrs.split(".") if attrs else ():
         found = getattr(found, attr)
     return found
+
+
+_FILE_MODULES: dict[str, ModuleType] = {}
+
+
+def resolve_file(name: str) -> Any:
+    """Like `resolve`, but loads the module from its own file when it is not imported yet.
+
+    For leaf modules that import only torch, such as `evs_core`, whose package
+    `__init__` imports the scheduler (about 8 s and 4,800 modules on the CPU
+    machine).  Inside a server the module is already in `sys.modules` and that
+    one is used.
+    """
+    module_name, _, attr = INTERNALS[name].partition(":")
+    module = sys.modules.get(module_name) or _FILE_MODULES.get(module_name)
+    if module is None:
+        top, *parts = module_name.split(".")
+        spec = importlib.util.find_spec(top)  # a top-level find_spec runs no package code
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError(f"{top} is not installed (needed for {module_name})")
+        path = Path(next(iter(spec.submodule_search_locations)), *parts).with_suffix(".py")
+        file_spec = importlib.util.spec_from_file_location(module_name, path)
+        if not path.is_file() or file_spec is None or file_spec.loader is None:
+            raise ImportError(f"{module_name} not found at {path}")
+        module = importlib.util.module_from_spec(file_spec)
+        file_spec.loader.exec_module(module)
+        _FILE_MODULES[module_name] = module
+    return getattr(module, attr) if attr else module
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,7 @@ from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, 
 from sglang_evs.testing.server import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
-from vllm_reference import compute_retention_mask  # noqa: E402  (the independent keep-mask oracle)
+from evs_oracle import keep_mask as compute_retention_mask  # noqa: E402  (the keep-mask oracle written here)
 
 SERVER_RATE = 0.5
 GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -> 4 groups of 10x10

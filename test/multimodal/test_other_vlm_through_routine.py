@@ -1,11 +1,22 @@
-"""A VLM that needs nothing special (Qwen2-VL) serves through the plugin's routine exactly as upstream."""
+"""VLMs the plugin does not replace (Qwen2-VL, Qwen2.5-VL) serve through its routine exactly as upstream.
+
+Qwen2.5-VL also has an upstream `post_process` placeholder with other arguments: the routine must
+leave it alone (it is not the contract's)."""
+
+import pytest
 
 from sglang_evs import trace
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, generate, media_kwargs
 from sglang_evs.testing.server import running_server
 
 
-def test_qwen2_vl_bit_identical_with_and_without_plugin(tiny_qwen2_vl_dir, media_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("fixture", "architecture"),
+    [("tiny_qwen2_vl_dir", "Qwen2VLForConditionalGeneration"),
+     ("tiny_qwen2_5_vl_dir", "Qwen2_5_VLForConditionalGeneration")],
+)  # fmt: skip
+def test_bit_identical_with_and_without_plugin(fixture, architecture, media_dir, tmp_path, request):
+    model_dir = request.getfixturevalue(fixture)
     requests = [
         (chat_prompt(IMAGE), media_kwargs(images=[media_dir / "image.png"])),
         (chat_prompt(VIDEO), media_kwargs(videos=[media_dir / "moving.mp4"])),
@@ -16,9 +27,9 @@ def test_qwen2_vl_bit_identical_with_and_without_plugin(tiny_qwen2_vl_dir, media
     results = {}
     for plugin, env in (("on", {"SGLANG_EVS_TRACE": str(trace_path)}), ("off", {"SGLANG_PLUGINS": "none"})):
         args = ["--dtype", "float32", "--chunked-prefill-size", "48"]
-        with running_server(tiny_qwen2_vl_dir, tmp_path / f"{plugin}.log", args, env=env) as server:
+        with running_server(model_dir, tmp_path / f"{plugin}.log", args, env=env) as server:
             results[plugin] = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in requests]
     assert results["on"] == results["off"]
     calls = trace.read(trace_path, "embed_routine")
-    assert {c["model"] for c in calls} == {"Qwen2VLForConditionalGeneration"}
+    assert {c["model"] for c in calls} == {architecture}
     assert sum(sum(c["media_rows"]) for c in calls) > 0  # media went through the routine

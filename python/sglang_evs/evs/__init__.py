@@ -1,6 +1,11 @@
-"""Pure-torch EVS (Efficient Video Sampling) core; no SGLang imports.
+"""Pure-torch video-token pruning core (EVS, VidCom2).
 
-* :mod:`.selection` -- which video tokens are kept (keep-mask, kept count).
+It imports nothing of SGLang except through :mod:`sglang_evs.sglang_compat`,
+for SGLang's own EVS maths (``evs_core``, loaded from its file, pure torch).
+
+* :mod:`.selection` -- which video tokens EVS keeps (keep-mask, kept count).
+* :mod:`.vidcom2`   -- which video tokens VidCom2 keeps (same signatures).
+* :mod:`.methods`   -- both behind one interface, chosen by a request's or config's setting.
 * :mod:`.layout`    -- Qwen3-VL video prompt layout under pruning.
 * :mod:`.positions` -- M-RoPE positions and decode offset under pruning.
 """
@@ -16,6 +21,12 @@ from .layout import (
     timestamp_text,
     video_token_ids,
 )
+from .methods import (
+    METHODS,
+    RETENTION_RATIO_SETTING,
+    PruningMethod,
+    method_from_settings,
+)
 from .positions import (
     PositionPlan,
     RequestLayout,
@@ -25,7 +36,6 @@ from .positions import (
 )
 from .selection import (
     PRUNING_RATE_SETTING,
-    apply_retention_mask,
     grid_tokens,
     retained_token_count,
     retention_mask,
@@ -33,10 +43,12 @@ from .selection import (
 )
 
 __all__ = [
+    "METHODS",
     "PRUNING_RATE_SETTING",
+    "RETENTION_RATIO_SETTING",
     "PositionPlan",
+    "PruningMethod",
     "RequestLayout",
-    "apply_retention_mask",
     "build_position_plan",
     "canonical_keep_mask",
     "canonical_kept_per_group",
@@ -44,6 +56,7 @@ __all__ = [
     "group_timestamps",
     "kept_cells",
     "kept_per_group",
+    "method_from_settings",
     "parse_request_layout",
     "pruned_mrope_positions",
     "pruned_placeholder_length",

@@ -17,14 +17,19 @@ group.
 
 For Qwen3-VL the rows to score are the main merger output concatenated with
 the deepstack outputs (``[main | ds0 | ds1 | ds2]``); the one mask then prunes
-every level (see :func:`apply_retention_mask`).
+every level.
 
-The mask equals vLLM 0.33's ``compute_retention_mask`` bit for bit, ties
-included (tested against a vendored copy in ``test/evs/vllm_reference.py``),
-whenever the scores are not NaN.  A NaN score only arises from fp16 zero
-vectors (torch's eps underflows) or non-finite embeddings; vLLM then ranks it
-above group 0, here it scores 1 (what fp32 gives a zero vector), so group 0
-is always whole and the pruned layout's first group is always fixed.
+The maths is SGLang's own ``evs_core`` (the same functions as vLLM 0.33's
+``video_prune/evs.py``), reached through :mod:`sglang_evs.sglang_compat` and
+loaded from its file on first use, so it costs nothing to import here.  This
+module adds the argument checks and error messages.
+
+fp16: torch's cosine eps underflows in fp16, so a zero vector scores NaN, and
+evs_core's descending sort puts NaN above group 0's 255 (group 0 would lose
+tokens to zero vectors).  fp16 rows are therefore scored in fp32, where a zero
+vector scores 1; fp32 and bf16 rows are scored in their own dtype, bit for bit
+like vLLM and SGLang.  Non-finite rows still score NaN and rank first; the
+mask then still keeps exactly ``N`` rows.
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ from collections.abc import Sequence
 
 import torch
 
+from sglang_evs import sglang_compat
+
 __all__ = [
     "PRUNING_RATE_SETTING",
-    "apply_retention_mask",
     "grid_tokens",
     "retained_token_count",
     "retention_mask",
@@ -76,7 +82,7 @@ def retained_token_count(tokens_per_group: int, num_groups: int, pruning_rate: f
     tpf, t = int(tokens_per_group), int(num_groups)
     if tpf < 1 or t < 1:
         raise ValueError(f"tokens_per_group and num_groups must be >= 1, got {tpf}, {t}")
-    return max(tpf, int(t * tpf * (1 - q)))
+    return int(sglang_compat.resolve_file("evs_core").compute_retained_tokens_count(tpf, t, q))
 
 
 def grid_tokens(grid_thw: GridTHW, spatial_merge_size: int) -> tuple[int, int, int]:
@@ -86,6 +92,17 @@ def grid_tokens(grid_thw: GridTHW, spatial_merge_size: int) -> tuple[int, int, i
     if m < 1 or hh % m or ww % m or min(t, hh, ww) < 1:
         raise ValueError(f"grid_thw {(t, hh, ww)} is not a positive grid divisible by spatial_merge_size {m}")
     return t, hh // m, ww // m
+
+
+def check_video_rows(video_embeds: torch.Tensor, grid_thw: GridTHW, spatial_merge_size: int) -> tuple[int, int, int]:
+    """Validate ``video_embeds`` ``[T * h * w, D]`` against the grid; return ``(T, h, w)``."""
+    t, h, w = grid_tokens(grid_thw, spatial_merge_size)
+    if video_embeds.dim() != 2 or video_embeds.shape[0] != t * h * w:
+        raise ValueError(
+            f"video_embeds must be [{t * h * w}, D] for grid {tuple(int(v) for v in grid_thw)} and "
+            f"merge size {spatial_merge_size}, got {list(video_embeds.shape)}"
+        )
+    return t, h, w
 
 
 def retention_mask(
@@ -105,39 +122,11 @@ def retention_mask(
 
     Returns:
         ``[T * h * w]`` bool tensor on ``video_embeds.device``; exactly
-        :func:`retained_token_count` entries are True, group 0 all True.
+        :func:`retained_token_count` entries are True, group 0 all True
+        (for finite rows).
     """
-    t, h, w = grid_tokens(grid_thw, spatial_merge_size)
-    tpf = h * w
-    if video_embeds.dim() != 2 or video_embeds.shape[0] != t * tpf:
-        raise ValueError(
-            f"video_embeds must be [{t * tpf}, D] for grid {tuple(grid_thw)} and "
-            f"merge size {spatial_merge_size}, got {list(video_embeds.shape)}"
-        )
-    keep = retained_token_count(tpf, t, pruning_rate)
-    x = video_embeds.reshape(t, h, w, video_embeds.shape[-1])
-    change = 1 - torch.nn.functional.cosine_similarity(x[1:], x[:-1], dim=-1)
-    # A NaN score (fp16 zero vector: eps**2 underflows; non-finite input)
-    # would outrank group 0 in the sort; count it as 1, the score fp32 gives
-    # a zero vector.  Finite scores are untouched.
-    change = torch.nan_to_num(change, nan=1.0)
-    first = torch.full((1, h, w), 255, dtype=change.dtype, device=change.device)
-    scores = torch.cat([first, change]).reshape(-1)
-    order = torch.argsort(scores, descending=True, stable=True)
-    mask = torch.zeros(t * tpf, dtype=torch.bool, device=video_embeds.device)
-    mask[order[:keep]] = True
-    return mask
-
-
-def apply_retention_mask(
-    embeds: torch.Tensor, mask: torch.Tensor, split_sizes: Sequence[int] | None = None
-) -> torch.Tensor | list[torch.Tensor]:
-    """Keep the masked rows of ``embeds`` ``[rows, D]``.
-
-    With ``split_sizes`` (column widths, e.g. ``[hidden] * 4`` for main plus
-    three deepstack levels) the kept rows are returned split per level.
-    """
-    kept = embeds[mask]
-    if split_sizes is None:
-        return kept
-    return list(torch.split(kept, list(split_sizes), dim=-1))
+    t, h, w = check_video_rows(video_embeds, grid_thw, spatial_merge_size)
+    q = validate_pruning_rate(pruning_rate)
+    m = int(spatial_merge_size)
+    x = video_embeds.float() if video_embeds.dtype == torch.float16 else video_embeds
+    return sglang_compat.resolve_file("evs_core").compute_retention_mask(x, (t, h * m, w * m), m, q)

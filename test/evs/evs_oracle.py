@@ -1,0 +1,46 @@
+"""Independent EVS oracle for the tests: the spec's rule (evs-spec.md section 1) in plain Python.
+
+One cosine per cell (torch's, in the embedding dtype, so bf16 ties are the
+ones the model sees; fp16 in fp32, as `sglang_evs.evs.selection` documents),
+then Python's stable `sorted` on the scores, no tensor sort.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def kept_count(tokens_per_group: int, num_groups: int, q: float) -> int:
+    """``max(tpf, int(T * tpf * (1 - q)))``, float arithmetic then truncation."""
+    return max(tokens_per_group, int(num_groups * tokens_per_group * (1 - q)))
+
+
+def scores(video_embeds: torch.Tensor, grid_thw: Sequence[int], spatial_merge_size: int) -> list[float]:
+    """Flat per-row scores: 255 for group 0, else ``1 - cos(row, same cell one group earlier)``."""
+    t, hh, ww = (int(v) for v in grid_thw)
+    tpf = (hh // spatial_merge_size) * (ww // spatial_merge_size)
+    x = video_embeds.float() if video_embeds.dtype == torch.float16 else video_embeds
+    out = []
+    for g in range(t):
+        for cell in range(tpf):
+            if g == 0:
+                out.append(255.0)
+                continue
+            now, before = x[g * tpf + cell], x[(g - 1) * tpf + cell]
+            out.append(float(1 - torch.nn.functional.cosine_similarity(now, before, dim=0)))
+    return out
+
+
+def keep_mask(video_embeds: torch.Tensor, grid_thw: Sequence[int], spatial_merge_size: int, q: float) -> torch.Tensor:
+    """``[T * h * w]`` bool: the ``kept_count`` highest scores, ties to the lower row (NaN ranks first)."""
+    t, hh, ww = (int(v) for v in grid_thw)
+    tpf = (hh // spatial_merge_size) * (ww // spatial_merge_size)
+    s = scores(video_embeds, (t, hh, ww), spatial_merge_size)
+    order = sorted(range(len(s)), key=lambda i: (not math.isnan(s[i]), -s[i] if not math.isnan(s[i]) else 0.0))
+    mask = [False] * len(s)
+    for i in order[: kept_count(tpf, t, q)]:
+        mask[i] = True
+    return torch.tensor(mask, dtype=torch.bool)
