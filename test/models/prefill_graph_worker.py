@@ -27,6 +27,7 @@ import torch
 from sglang_evs.testing.cpu_graph import CpuGraph
 
 NUM_TOKENS = 40
+GRAPH_BUCKETS = [64, 768]  # the largest above max_prefill_tokens: the buffers must cover it
 
 
 def load_runner(model_dir: str):
@@ -39,6 +40,7 @@ def load_runner(model_dir: str):
     args = ServerArgs(
         model_path=model_dir, device="cpu", attention_backend="torch_native", dtype="float32",
         max_total_tokens=4096, disable_radix_cache=True, chunked_prefill_size=256, max_prefill_tokens=512,
+        cuda_graph_bs_prefill=GRAPH_BUCKETS,
     )  # fmt: skip
     args.resolve_once()
     one_batch._set_envs_and_config(args)
@@ -209,6 +211,8 @@ def pruned_video_request(harness, seed: int):
 
 
 def main() -> None:
+    from sglang_evs import sglang_compat
+
     harness = Harness(load_runner(sys.argv[1]))
     graph_inputs = getattr(harness.body, "graph_inputs", None)
     constructed = None if graph_inputs is None else graph_inputs.deepstack.data_ptr()
@@ -218,6 +222,7 @@ def main() -> None:
         "recorded_ops": len(harness.graph.ops),
         "deepstack_ptr_constructed": constructed,
         "capacity": None if graph_inputs is None else graph_inputs.capacity,
+        "graph_buckets": list(sglang_compat.prefill_limits().graph_buckets),
         "graph_reads_deepstack_buffer": None if graph_inputs is None else harness.graph.reads(graph_inputs.deepstack),
         "graph_reads_positions_buffer": None if graph_inputs is None else harness.graph.reads(graph_inputs.positions),
     }
