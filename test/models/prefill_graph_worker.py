@@ -225,6 +225,11 @@ def main() -> None:
         "graph_buckets": list(sglang_compat.prefill_limits().graph_buckets),
         "graph_reads_deepstack_buffer": None if graph_inputs is None else harness.graph.reads(graph_inputs.deepstack),
         "graph_reads_positions_buffer": None if graph_inputs is None else harness.graph.reads(graph_inputs.positions),
+        # SGLang's warm-up of the `input_deepstack_embeds` argument branch: it checks the body's
+        # signature first and must find nothing to warm (it would need a runner past that check).
+        "deepstack_argument_warmup_ran": harness.pcg.PrefillCudaGraphRunner.run_dummy_multimodal_deepstack_forward(
+            SimpleNamespace(), harness.body, 16
+        ),
     }
     text = torch.randn(NUM_TOKENS, harness.hidden, generator=torch.Generator().manual_seed(1))
     no_media = [(None, 0, NUM_TOKENS)]

@@ -32,6 +32,10 @@ def test_capture_reads_the_model_buffers(report):
     assert report["graph_reads_deepstack_buffer"] and report["graph_reads_positions_buffer"]
 
 
+def test_sglang_deepstack_warmup_finds_no_argument_path(report):
+    assert report["deepstack_argument_warmup_ran"] is False
+
+
 def test_replay_adds_the_live_deepstack(report):
     deepstack = report["deepstack"]
     assert deepstack["replay_vs_eager"] <= ROUNDING
