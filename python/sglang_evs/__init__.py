@@ -1,12 +1,14 @@
-"""sglang-evs: Efficient Video Sampling (EVS) for Qwen3-VL in SGLang.
+"""sglang-evs: exact video-token pruning (EVS, VidCom2) for SGLang's Qwen VLMs.
 
 Subpackages:
-  evs/         pure-torch EVS algorithms (no SGLang imports)
+  evs/         pure-torch pruning algorithms: keep-masks and kept counts (no SGLang imports)
+  pruning/     the model-agnostic pruning mechanism on SGLang: prompt layout before encoding,
+               cache keys, region fill and exact positions after it, usage counts
   multimodal/  the model-agnostic embedding routine and its model contract
-  models/      SGLang model classes (Qwen3-VL with EVS and deepstack on the ForwardBatch)
-  processors/  SGLang multimodal processors (prompt layout under pruning, usage reporting)
+  models/      model adapters (Qwen3-VL/-MoE, Qwen2.5-VL, Qwen2-VL) and the fixed-address
+               buffers their language models read under prefill CUDA graphs
   runtime/     CPU-only support so SGLang 0.5.23 runs without a GPU
-  testing/     offline tiny Qwen3-VL builder and synthetic media
+  testing/     offline tiny-model builder, synthetic media, server launcher, CPU graph stand-in
   bench/       benchmark and accuracy tooling
 sglang_compat.py is the one module that names SGLang internals; plugin.py the entry point.
 """

@@ -111,22 +111,23 @@ def route_embed_routine(upstream, *args, **kwargs):
 
 
 def register_processors(result, *args, **kwargs):
-    """AFTER hook on SGLang's import_processors: our Qwen3-VL processor replaces the upstream one."""
+    """AFTER hook on SGLang's import_processors: our pruning processor replaces the upstream one
+    for every architecture the plugin answers."""
     from sglang_evs import sglang_compat as sglang
-    from sglang_evs.processors.qwen3_vl import Qwen3VLEVSProcessor
+    from sglang_evs.pruning.processor import PruningProcessor
 
     mapping = sglang.PROCESSOR_MAPPING
-    names = {cls.__name__ for cls in Qwen3VLEVSProcessor.models}
+    names = {cls.__name__ for cls in PruningProcessor.models}
     for model_cls in [cls for cls in mapping if cls.__name__ in names]:
         del mapping[model_cls]
-    mapping.update(dict.fromkeys(Qwen3VLEVSProcessor.models, Qwen3VLEVSProcessor))
+    mapping.update(dict.fromkeys(PruningProcessor.models, PruningProcessor))
     return result
 
 
 def count_kept_video_tokens(upstream, mm_inputs):
     """AROUND hook on MultimodalInputs.compute_mm_token_counts: a pruned video's region also holds
     the framing text between its groups; report only its kept video tokens."""
-    from sglang_evs.processors.pruned_layout import VIDEO_TOKENS, is_pruned
+    from sglang_evs.pruning.fields import VIDEO_TOKENS, is_pruned
 
     image, audio, video = upstream(mm_inputs)
     for item in mm_inputs.mm_items:
@@ -137,6 +138,6 @@ def count_kept_video_tokens(upstream, mm_inputs):
 
 
 async def _add_usage_to_meta_info(upstream, *args, **kwargs):
-    from sglang_evs.processors.usage import add_usage_to_meta_info
+    from sglang_evs.pruning.usage import add_usage_to_meta_info
 
     return await add_usage_to_meta_info(upstream, *args, **kwargs)

@@ -47,6 +47,10 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen3LLMModel": "sglang.srt.models.qwen3_vl:Qwen3LLMModel",
     "UpstreamQwen3VLMoe": "sglang.srt.models.qwen3_vl_moe:Qwen3VLMoeForConditionalGeneration",
     "UpstreamQwen3MoeLLMModel": "sglang.srt.models.qwen3_vl_moe:Qwen3MoeLLMModel",
+    # Qwen2-VL, Qwen2.5-VL (both on SGLang's Qwen2 language model)
+    "UpstreamQwen2VL": "sglang.srt.models.qwen2_vl:Qwen2VLForConditionalGeneration",
+    "UpstreamQwen2_5_VL": "sglang.srt.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
+    "UpstreamQwen2Model": "sglang.srt.models.qwen2:Qwen2Model",
     # EVS maths (pure torch), used by sglang_evs.evs through resolve_file()
     "evs_core": "sglang.srt.multimodal.evs.evs_core:",
 }

@@ -182,10 +182,10 @@ def pruned_video_request(harness, seed: int):
     """
     from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem, MultimodalInputs
 
-    from sglang_evs.processors.pruned_layout import RATE, REGION_IDS, REGION_POSITIONS
+    from sglang_evs.pruning.fields import RATE, REGION_IDS, REGION_POSITIONS
 
     generator = torch.Generator().manual_seed(seed)
-    video_token = harness.model.video_token_id
+    video_token = harness.model.pruned_videos.video_token_id
     # Two groups of 2x3 pads, each behind 2 framing tokens: [f f p p p p p p] x 2.
     group = [11, 12] + [video_token] * 6
     region_ids = torch.tensor(group * 2)
@@ -205,7 +205,7 @@ def pruned_video_request(harness, seed: int):
     item = MultimodalDataItem(modality=Modality.VIDEO, offsets=[(region_start, region_start + int(keep.sum()) - 1)])
     item.hash = 4242 + seed
     item.model_specific_data = {RATE: 0.5, REGION_IDS: region_ids, REGION_POSITIONS: unpruned}
-    harness.model.evs_masks[item.hash] = pad_mask
+    harness.model.pruned_videos.masks[item.hash] = pad_mask
     prefix = 9  # the chunk starts 4 tokens into the region
     return MultimodalInputs(mm_items=[item]), prefix, region_start, region_positions
 

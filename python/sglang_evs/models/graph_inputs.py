@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from sglang_evs import trace
+
 logger = logging.getLogger(__name__)
 
 CARRIED_FIELD = "language_model_inputs"
@@ -102,3 +104,37 @@ class GraphInputs(nn.Module):
             self.positions[:, :num_tokens].copy_(positions)
         self.dirty_rows = num_tokens
         return self.view(num_tokens)
+
+
+class ReadsGraphInputs:
+    """Language-model mixin: in extend forwards, positions and deepstack come from what the batch
+    carries, or from the model's `GraphInputs` when it carries nothing (a graph's capture batch).
+
+    Deepstack is handed to the upstream forward only where there is some (Qwen3 language models
+    take it as their last argument). No `input_deepstack_embeds` parameter here: SGLang's
+    deepstack warm-up (`run_dummy_multimodal_deepstack_forward`) checks the signature and leaves
+    these models alone.
+    """
+
+    graph_inputs: GraphInputs
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None):
+        deepstack = None
+        if reads_graph_inputs(forward_batch.forward_mode):
+            carried = getattr(forward_batch, CARRIED_FIELD, None)
+            if carried is None:
+                carried = self.graph_inputs.view(positions.shape[-1])
+            if carried.positions is not None:
+                positions = carried.positions
+            deepstack = carried.deepstack
+        if trace.enabled():
+            trace.record(
+                "language_model_inputs",
+                mode=forward_batch.forward_mode.name,
+                carried_by_batch=getattr(forward_batch, CARRIED_FIELD, None) is not None,
+                deepstack_ptr=None if deepstack is None else deepstack.data_ptr(),
+                positions_ptr=positions.data_ptr(),
+                rows=int(positions.shape[-1]),
+            )
+        extra = () if deepstack is None else (deepstack,)
+        return super().forward(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors, *extra)

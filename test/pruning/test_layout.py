@@ -3,8 +3,8 @@
 import torch
 
 from sglang_evs.evs import retained_token_count
-from sglang_evs.processors import pruned_layout
-from sglang_evs.processors.qwen3_vl import request_pruning_rate, server_pruning_rate
+from sglang_evs.pruning import layout as pruned_layout
+from sglang_evs.pruning.processor import request_pruning_rate, server_pruning_rate
 
 VIDEO, VS, VE, IMG = 9, 7, 8, 6
 

@@ -1,18 +1,19 @@
-"""Qwen3-VL processor with EVS: videos take their pruned length in the prompt.
+"""Tokenizer side: SGLang's Qwen-VL processor, then pruned video regions, for every model the plugin answers.
 
-Registered for the upstream Qwen3-VL architecture names in place of SGLang's
-`QwenVLImageProcessor`; with no pruning it returns exactly what SGLang's does.
-The rate is the server's `video_pruning_rate` (hf_config, set through
-`--json-model-override-args`), overridable per request with
-`mm_processor_kwargs={"video_pruning_rate": q}`.
+Registered for the upstream architecture names of `models.registry.MODELS` in place of SGLang's
+`QwenVLImageProcessor` (one class serves Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE
+upstream); with no pruning it returns exactly what SGLang's does. The rate is the server's
+`video_pruning_rate` (hf_config, set through `--json-model-override-args`), overridable per
+request with `mm_processor_kwargs={"video_pruning_rate": q}`.
 """
 
 import logging
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.evs import PRUNING_RATE_SETTING, validate_pruning_rate
-from sglang_evs.processors.pruned_layout import prune_video_layout
-from sglang_evs.processors.usage import record_usage
+from sglang_evs.models.registry import upstream_classes
+from sglang_evs.pruning.layout import prune_video_layout
+from sglang_evs.pruning.usage import record_usage
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,8 @@ def refuse_unsupported(rate: float, speculative: bool) -> None:
         )
 
 
-class Qwen3VLEVSProcessor(sglang.UpstreamQwenVLProcessor):
-    models = [sglang.UpstreamQwen3VL, sglang.UpstreamQwen3VLMoe]
+class PruningProcessor(sglang.UpstreamQwenVLProcessor):
+    models = upstream_classes()
 
     def __init__(self, hf_config, server_args, _processor, *args, **kwargs) -> None:
         super().__init__(hf_config, server_args, _processor, *args, **kwargs)
@@ -46,7 +47,10 @@ class Qwen3VLEVSProcessor(sglang.UpstreamQwenVLProcessor):
         self.speculative = getattr(server_args, "speculative_algorithm", None) is not None
         refuse_unsupported(self.pruning_rate, self.speculative)
         logging.getLogger("sglang_evs").info(
-            "sglang-evs: Qwen3-VL processor with EVS, %s=%s", PRUNING_RATE_SETTING, self.pruning_rate
+            "sglang-evs: %s processor with EVS, %s=%s",
+            hf_config.architectures[0] if getattr(hf_config, "architectures", None) else "VLM",
+            PRUNING_RATE_SETTING,
+            self.pruning_rate,
         )
 
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):

@@ -1,4 +1,8 @@
-"""Rewrite an SGLang processor output so each video occupies its pruned length.
+"""Tokenizer side: rewrite an SGLang processor output so each video occupies its pruned length.
+
+Model-agnostic: a video's region is everything from its first to its last pad (Qwen3-VL's
+per-group timestamps and markers included; Qwen2-VL and Qwen2.5-VL have one run of pads),
+and its positions are whatever the model family's upstream `get_rope_index` computed.
 
 Before encoding, the keep-mask is unknown but the pruned length is not
 (`retained_token_count`). Each pruned video becomes ONE placeholder region
@@ -10,44 +14,22 @@ embedding) and writes the region's true M-RoPE positions.
 
 The unpruned region ids and positions travel on the item, so the model can
 place any mask exactly: positions = unpruned positions with pruned rows
-deleted (the reference rule, spec section 4). Outside the regions the
+deleted (the reference rule, docs/architecture.md). Outside the regions the
 positions and the decode offset computed here are already the final ones.
 """
-
-import hashlib
-from dataclasses import dataclass
 
 import torch
 
 from sglang_evs.evs import canonical_keep_mask, retained_token_count
-
-RATE = "evs_pruning_rate"
-REGION_IDS = "evs_region_ids"  # [len(R)] int64, unpruned region token ids
-REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region
-VIDEO_TOKENS = "evs_video_tokens"  # (before, after) pruning
-
-
-@dataclass(frozen=True)
-class PrunedVideo:
-    before: int
-    after: int
-
-
-def is_pruned(item) -> bool:
-    return RATE in item.model_specific_data
-
-
-def region_keep(region_ids: torch.Tensor, video_token_id: int, pad_mask: torch.Tensor) -> torch.Tensor:
-    """[len(R)] bool: which region tokens remain, given the [T*h*w] keep-mask over its pads."""
-    keep = torch.ones_like(region_ids, dtype=torch.bool)
-    keep[region_ids == video_token_id] = pad_mask.to(keep.device)
-    return keep
-
-
-def rate_aware_hash(item_hash: int, pruning_rate: float) -> int:
-    """The same video at two rates must not share radix-cache entries or cached embeddings."""
-    digest = hashlib.sha256(f"{item_hash}:{pruning_rate!r}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+from sglang_evs.pruning.fields import (
+    RATE,
+    REGION_IDS,
+    REGION_POSITIONS,
+    VIDEO_TOKENS,
+    PrunedVideo,
+    rate_aware_hash,
+    region_keep,
+)
 
 
 def prune_video_layout(output, pruning_rate: float, spatial_merge_size: int, video_token_id: int):

@@ -1,0 +1,110 @@
+"""What every model adapter's methods do; each adapter class calls these explicitly.
+
+An adapter (`qwen3_vl.py`, `qwen2_vl.py`) subclasses an upstream SGLang model and declares
+only what differs between families: its language model class (upstream's plus
+`ReadsGraphInputs`) and how many deepstack levels its vision tower adds. The rest is here:
+  - `attach`: the language model's fixed-address `GraphInputs` and the model's `PrunedVideos`;
+  - `post_process`: the routine's hook (multimodal/contract.py), every forward;
+  - `forward`: upstream's forward, through the generic embedding routine.
+"""
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from sglang_evs import sglang_compat as sglang
+from sglang_evs import trace
+from sglang_evs.models.graph_inputs import (
+    CARRIED_FIELD,
+    CarriedInputs,
+    GraphInputs,
+    prefill_token_bound,
+    reads_graph_inputs,
+)
+from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
+from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
+from sglang_evs.pruning.videos import PrunedVideos
+
+logger = logging.getLogger(__name__)
+
+
+def attach(model, language_model_cls: type, deepstack_levels: int, encode_videos) -> None:
+    """Re-class upstream's language model as ours and give it its buffers; give the model its
+    `PrunedVideos` (`encode_videos`: the upstream video getter, bound to the model)."""
+    if type(model.model) in language_model_cls.__bases__:
+        model.model.__class__ = language_model_cls  # upstream built it; ours adds only a forward override
+    model.model.graph_inputs = GraphInputs(
+        capacity=prefill_token_bound(sglang.prefill_limits()),
+        deepstack_width=deepstack_levels * model.config.hidden_size,
+        mrope=bool(model.is_mrope_enabled),
+    )
+    model.pruned_videos = PrunedVideos(model.config, model.model.embed_tokens, encode_videos)
+    buffers = model.model.graph_inputs
+    logger.info(
+        "sglang-evs %s: %d deepstack levels and M-RoPE positions in fixed buffers of %d rows",
+        type(model).__name__, deepstack_levels, buffers.capacity,
+    )  # fmt: skip
+    if trace.enabled():
+        trace.record(
+            "graph_inputs_allocated",
+            model=type(model).__name__,
+            capacity=buffers.capacity,
+            deepstack_ptr=None if buffers.deepstack is None else buffers.deepstack.data_ptr(),
+            positions_ptr=None if buffers.positions is None else buffers.positions.data_ptr(),
+        )
+
+
+def post_process(model, fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]:
+    """Extend forwards: positions (pruned ones exact) and deepstack rows into the fixed buffers,
+    carried on the batch; the main channels are returned for scattering."""
+    forward_batch = layout.forward_batch
+    if not reads_graph_inputs(forward_batch.forward_mode):
+        return fetched
+    carried = model.model.graph_inputs.write(layout.num_tokens, forward_batch.mrope_positions)
+    if carried.positions is not None:
+        model.pruned_videos.write_positions(layout, carried.positions)
+    setattr(forward_batch, CARRIED_FIELD, carried)
+    if carried.deepstack is None:
+        return fetched
+    return _split_deepstack(fetched, carried, model.config.hidden_size)
+
+
+def _split_deepstack(fetched: list[FetchedEmbedding], carried: CarriedInputs, hidden: int) -> list[FetchedEmbedding]:
+    main = []
+    for item in fetched:
+        sglang.scatter_mm_embedding(dest=carried.deepstack, mask=item.mask, src=item.embedding[:, hidden:])
+        main.append(replace(item, embedding=item.embedding[:, :hidden]))
+    if trace.enabled():
+        trace.record(
+            "deepstack",
+            data_ptr=carried.deepstack.data_ptr(),
+            rows=int(carried.deepstack.shape[0]),
+            media_rows=sum(int(item.mask.sum()) for item in fetched),
+            nonzero_rows=int(carried.deepstack.abs().sum(dim=1).gt(0).sum()),
+        )
+    return main
+
+
+@torch.no_grad()
+def forward(model, input_ids, positions, forward_batch, get_embedding=False, pp_proxy_tensors=None):
+    """Upstream's forward with the generic routine (and no deepstack argument)."""
+    if model.is_mrope_enabled:
+        positions = forward_batch.mrope_positions
+    hidden_states = general_mm_embed_routine(
+        input_ids=input_ids,
+        forward_batch=forward_batch,
+        language_model=model.model,
+        multimodal_model=model,
+        positions=positions,
+        pp_proxy_tensors=pp_proxy_tensors,
+    )
+    aux_hidden_states = None
+    if getattr(model, "capture_aux_hidden_states", False):
+        hidden_states, aux_hidden_states = hidden_states
+    pp_group = getattr(model, "pp_group", None)
+    if pp_group is not None and not pp_group.is_last_rank:
+        return hidden_states
+    if get_embedding:
+        return model.pooler(hidden_states, forward_batch)
+    return model.logits_processor(input_ids, hidden_states, model.lm_head, forward_batch, aux_hidden_states)

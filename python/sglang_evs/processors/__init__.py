@@ -1,1 +1,0 @@
-"""SGLang multimodal processors of sglang-evs (tokenizer-process side)."""

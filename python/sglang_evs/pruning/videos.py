@@ -1,0 +1,129 @@
+"""Model side of video pruning: encode, keep-mask, fill the pruned regions, exact positions per forward.
+
+A model adapter owns one `PrunedVideos` and routes two things through it:
+  - `get_video_feature(items)` -> `PrunedVideos.features(items)`: the batch's videos go
+    through the model's own vision tower together (in groups bounded by
+    `encoder_patch_budget`), one keep-mask per pruned video is computed on the rows the
+    tower returned (every column, so deepstack levels score too), and a pruned video comes
+    back as its filled region: kept rows at the pad slots, the text embedding of any framing
+    tokens between groups (zero in the extra columns) elsewhere;
+  - its `post_process` calls `write_positions(layout, positions)` for the positions the
+    language model will read.
+The tokenizer side (`layout.py`) laid the region out and left its unpruned ids and positions
+on the item (`fields.py`).
+"""
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+
+from sglang_evs import trace
+from sglang_evs.evs import PRUNING_RATE_SETTING, retention_mask, validate_pruning_rate
+from sglang_evs.multimodal.contract import BatchLayout
+from sglang_evs.pruning.fields import RATE, REGION_IDS, REGION_POSITIONS, is_pruned, region_keep
+
+
+def encoder_patch_budget(device: torch.device) -> int:
+    """Most patches per vision-tower call when videos are batched across requests (0: no limit).
+
+    SGLang's CPU vision attention (sdpa) builds a dense [patches, patches] mask for a call, so
+    memory and time grow with the square of the batch: measured on CPU, 16 videos of 1600 patches
+    in one call took 22 GB, and groups of 8192 patches cost 3.5x the TTFT of one video per call.
+    So on CPU a call holds about one video; where attention is varlen (CUDA) the batch is
+    unbounded. SGLANG_EVS_ENCODER_PATCH_BUDGET overrides.
+    """
+    configured = os.environ.get("SGLANG_EVS_ENCODER_PATCH_BUDGET")
+    if configured is not None:
+        return int(configured)
+    return 2048 if device.type == "cpu" else 0
+
+
+class PrunedVideos:
+    MASKS_KEPT = 4096  # keep-masks by item hash (video and rate): small bool tensors
+
+    def __init__(self, config, embed_tokens: torch.nn.Embedding, encode: Callable[[list], torch.Tensor]) -> None:
+        """`encode(items)`: the model's upstream video getter, [sum of items' merged tokens, width]."""
+        validate_pruning_rate(getattr(config, PRUNING_RATE_SETTING, 0.0))  # fail at startup, naming it
+        self.video_token_id = config.video_token_id
+        self.spatial_merge_size = config.vision_config.spatial_merge_size
+        self.embed_tokens = embed_tokens
+        self.encode = encode
+        self.masks: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    def features(self, items: list) -> torch.Tensor | list[torch.Tensor]:
+        if not any(is_pruned(item) for item in items):
+            return self.encode(items)
+        merge = self.spatial_merge_size
+        patches = [int(item.video_grid_thw.reshape(-1, 3)[0].prod()) for item in items]
+        encoded = torch.cat([self.encode(group) for group in self._encoder_groups(items, patches)])
+        out = []
+        for item, rows in zip(items, encoded.split([n // merge**2 for n in patches]), strict=True):
+            if not is_pruned(item):
+                out.append(rows)
+                continue
+            grid = item.video_grid_thw.reshape(-1, 3)[0].tolist()
+            mask = retention_mask(rows, grid, merge, item.model_specific_data[RATE])
+            self._remember(item.hash, mask)
+            out.append(self._fill_region(item, rows, mask))
+        return out
+
+    def write_positions(self, layout: BatchLayout, positions: torch.Tensor) -> None:
+        """Positions [3, num_tokens] of this forward: the pruned videos' rows rewritten in place.
+
+        Region positions = the unpruned region's positions with the pruned pads' rows deleted.
+        """
+        token_base = 0
+        for mm_inputs, prefix, extend in layout.requests:
+            for item in mm_inputs.mm_items if mm_inputs is not None else ():
+                if not (item.is_video() and is_pruned(item)):
+                    continue
+                start, end = item.offsets[0][0], item.offsets[0][1] + 1
+                lo, hi = max(start, prefix), min(end, prefix + extend)
+                if lo >= hi:
+                    continue
+                region_ids = item.model_specific_data[REGION_IDS]
+                keep = region_keep(region_ids, self.video_token_id, self.mask_encoding_again_if_forgotten(item))
+                exact = item.model_specific_data[REGION_POSITIONS][:, keep][:, lo - start : hi - start]
+                window = slice(token_base + lo - prefix, token_base + hi - prefix)
+                positions[:, window] = exact.to(positions.device, positions.dtype)
+                if trace.enabled():
+                    trace.record("evs_positions", item=item.hash, chunk=[prefix, prefix + extend], region=[lo, hi])
+            token_base += extend
+
+    def mask_encoding_again_if_forgotten(self, item) -> torch.Tensor:
+        """The item's keep-mask; if it was forgotten (embedding-cache hit long after encoding),
+        the video goes through the vision tower again."""
+        mask = self.masks.get(item.hash)
+        if mask is None:
+            self.features([item])
+            mask = self.masks[item.hash]
+        return mask
+
+    def _encoder_groups(self, items: list, patches: list[int]) -> list[list]:
+        """Consecutive items, each group within the patch budget (a larger video goes alone)."""
+        budget = encoder_patch_budget(self.embed_tokens.weight.device)
+        groups, total = [[]], 0
+        for item, n in zip(items, patches, strict=True):
+            if groups[-1] and budget and total + n > budget:
+                groups, total = [*groups, []], 0
+            groups[-1].append(item)
+            total += n
+        return groups
+
+    def _fill_region(self, item, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        region_ids = item.model_specific_data[REGION_IDS].to(rows.device)
+        ids = region_ids[region_keep(region_ids, self.video_token_id, mask)]
+        is_pad = ids == self.video_token_id
+        region = rows.new_zeros(ids.numel(), rows.shape[1])
+        region[is_pad] = rows[mask.to(rows.device)]
+        text = self.embed_tokens(ids[~is_pad])
+        region[~is_pad, : text.shape[1]] = text.to(region.dtype)
+        return region
+
+    def _remember(self, key: int, mask: torch.Tensor) -> None:
+        self.masks[key] = mask.cpu()
+        self.masks.move_to_end(key)
+        while len(self.masks) > self.MASKS_KEPT:
+            self.masks.popitem(last=False)
