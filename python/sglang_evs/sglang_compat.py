@@ -31,6 +31,7 @@ INTERNALS: dict[str, str] = {
     "general_mm_embed_routine": "sglang.srt.managers.mm_utils:general_mm_embed_routine",
     "get_embedding_and_mask": "sglang.srt.managers.mm_schedule:get_embedding_and_mask",
     "scatter_mm_embedding": "sglang.srt.managers.mm_utils:_scatter_mm_embedding",
+    "slice_model_data": "sglang.srt.managers.mm_utils:_slice_model_data",
     "mm_schedule": "sglang.srt.managers.mm_schedule:",
     "Modality": "sglang.srt.managers.schedule_batch:Modality",
     "ForwardBatch": "sglang.srt.model_executor.forward_batch_info:ForwardBatch",

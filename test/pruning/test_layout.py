@@ -94,3 +94,23 @@ def test_rate_settings():
 
     assert server_pruning_rate(Config()) == 0.25 and server_pruning_rate(object()) == 0.0
     assert request_pruning_rate(Request(), 0.25) == 0.75 and request_pruning_rate(object(), 0.25) == 0.25
+
+
+def test_bundled_videos_are_split_into_one_item_each():
+    """Qwen2-VL/Qwen2.5-VL: SGLang leaves a request's videos in one item with one span per video."""
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
+
+    grids = torch.tensor([[2, 4, 4], [4, 2, 6]])  # 32 and 48 patches
+    bundle = MultimodalDataItem(modality=Modality.VIDEO, offsets=[(3, 10), (15, 26)])
+    bundle.feature = torch.arange(80.0)[:, None].expand(80, 5).clone()
+    bundle.model_specific_data = {"video_grid_thw": grids, "second_per_grid_ts": torch.tensor([1.0, 0.5])}
+    image = MultimodalDataItem(modality=Modality.IMAGE, offsets=[(30, 33)])
+    first, second, kept_image = pruned_layout.split_bundled_videos([bundle, image])
+    assert kept_image is image
+    assert first.offsets == [(3, 10)] and second.offsets == [(15, 26)]
+    assert torch.equal(first.feature[:, 0], torch.arange(32.0))
+    assert torch.equal(second.feature[:, 0], torch.arange(32.0, 80))
+    assert torch.equal(first.video_grid_thw, grids[:1]) and torch.equal(second.video_grid_thw, grids[1:])
+    assert second.second_per_grid_ts.tolist() == [0.5]
+    first.set("evs_pruning_rate", 0.5)
+    assert "evs_pruning_rate" not in second.model_specific_data

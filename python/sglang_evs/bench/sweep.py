@@ -423,16 +423,19 @@ def report(result: dict) -> str:
 # ---------------------------------------------------------------- CLI
 
 
-def cached_model(profile: str, cache: Path = Path(".cache/bench/models")) -> Path:
-    """Build (once per version of the builder) and return the tiny/small random Qwen3-VL checkpoint."""
+def cached_model(
+    profile: str, architecture: str = "Qwen3VLForConditionalGeneration", cache: Path = Path(".cache/bench/models")
+) -> Path:
+    """Build (once per version of the builder) and return a tiny/small random checkpoint."""
     import hashlib
 
     from sglang_evs.testing import tiny_model
 
     digest = hashlib.sha256(Path(tiny_model.__file__).read_bytes()).hexdigest()[:12]
-    out = cache / f"{profile}-{digest}"
+    prefix = "" if architecture == tiny_model.DEFAULT_ARCHITECTURE else f"{architecture}-"
+    out = cache / f"{prefix}{profile}-{digest}"
     if not (out / "model.safetensors").exists():
-        tiny_model.build_tiny_qwen3_vl(out, profile=profile)
+        tiny_model.build_tiny_model(out, architecture=architecture, profile=profile)
     return out
 
 
@@ -446,6 +449,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description="EVS TTFT/token sweep, load and overhead benchmarks.")
     parser.add_argument("--model", help="checkpoint path or hub id (default: build the --profile random model)")
     parser.add_argument("--profile", choices=["tiny", "small"], default="tiny")
+    parser.add_argument("--architecture", default="Qwen3VLForConditionalGeneration",
+                        help="architecture of the --profile random model (HF class name)")  # fmt: skip
     parser.add_argument(
         "--server-args",
         default="--dtype float32",
@@ -474,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    model = args.model or str(cached_model(args.profile))
+    model = args.model or str(cached_model(args.profile, args.architecture))
     server_args = shlex.split(args.server_args)
     num = args.concurrency if args.load else args.num_prompts
     dataset = args.dataset or make_video_dataset(
@@ -491,7 +496,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         result = sweep(model, dataset, out, args.rates, args.num_prompts, args.image_prompts, args.prefill_reps,
                        server_args)  # fmt: skip
         result["plot"] = str(plot_sweep(result, out / "sweep.png"))
-    result["setup"] = {"model": model, "profile": None if args.model else args.profile, "dataset": str(dataset),
+    result["setup"] = {"model": model, "profile": None if args.model else args.profile,
+                       "architecture": None if args.model else args.architecture, "dataset": str(dataset),
                        "server_args": server_args, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
     name = "results.json" if result["mode"] == "sweep" else f"results-{result['mode']}.json"
     (out / name).write_text(json.dumps(result, indent=1))

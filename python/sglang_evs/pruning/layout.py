@@ -18,8 +18,11 @@ deleted (the reference rule, docs/architecture.md). Outside the regions the
 positions and the decode offset computed here are already the final ones.
 """
 
+import copy
+
 import torch
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs.evs import canonical_keep_mask, retained_token_count
 from sglang_evs.pruning.fields import (
     RATE,
@@ -32,11 +35,39 @@ from sglang_evs.pruning.fields import (
 )
 
 
+def split_bundled_videos(items: list) -> list:
+    """One item per video. SGLang splits a video item per video only when it carries one span per
+    temporal group (Qwen3-VL); Qwen2-VL and Qwen2.5-VL videos have one span each, so the videos of
+    a request stay bundled in one item ([N, 3] grid). Each video here gets its patches, its span and
+    its rows of the per-video data (sliced as SGLang slices them), and a hash of its own."""
+    out = []
+    for item in items:
+        grids = item.video_grid_thw.reshape(-1, 3) if item.is_video() else None
+        if grids is None or len(grids) == 1:
+            out.append(item)
+            continue
+        if len(item.offsets) != len(grids) or not isinstance(item.feature, torch.Tensor):
+            raise ValueError(f"cannot split a bundle of {len(grids)} videos with {len(item.offsets)} spans")
+        bounds = [0, *torch.cumsum(grids.prod(dim=-1), 0).tolist()]
+        for index in range(len(grids)):
+            video = copy.copy(item)
+            video.feature = item.feature[bounds[index] : bounds[index + 1]]
+            video.offsets = [item.offsets[index]]
+            video.model_specific_data = sglang.slice_model_data(
+                item.model_specific_data, index=index, start=bounds[index], end=bounds[index + 1],
+                num_items=len(grids), total_feature_len=bounds[-1],
+            )  # fmt: skip
+            video.hash = None
+            out.append(video)
+    return out
+
+
 def prune_video_layout(output, pruning_rate: float, spatial_merge_size: int, video_token_id: int):
     """Shorten every video of an SGLang `MultimodalProcessorOutput` to its pruned length, in place.
 
     Returns the list of PrunedVideo (token counts before/after), one per video.
     """
+    output.mm_items = split_bundled_videos(output.mm_items)
     ids = torch.as_tensor(output.input_ids, dtype=torch.int64)
     positions = output.mrope_positions  # [3, L]
     keep = torch.ones(ids.numel(), dtype=torch.bool)

@@ -56,7 +56,8 @@ class PrunedVideos:
         if not any(is_pruned(item) for item in items):
             return self.encode(items)
         merge = self.spatial_merge_size
-        patches = [int(item.video_grid_thw.reshape(-1, 3)[0].prod()) for item in items]
+        # An unpruned item may still bundle several videos (Qwen2-VL family): count all its grids.
+        patches = [int(item.video_grid_thw.reshape(-1, 3).prod(dim=-1).sum()) for item in items]
         encoded = torch.cat([self.encode(group) for group in self._encoder_groups(items, patches)])
         out = []
         for item, rows in zip(items, encoded.split([n // merge**2 for n in patches]), strict=True):

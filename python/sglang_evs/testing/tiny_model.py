@@ -9,10 +9,11 @@ Qwen3_5MoeForConditionalGeneration. All share one tokenizer, so the special-toke
 
 Profiles:
   tiny   seconds on CPU; for correctness tests. Every architecture has one.
-  small  Qwen3-VL only: a language model that dominates prefill time, for performance ratios
-         such as EVS time-to-first-token: Qwen3-VL-2B's language-model width (2048, 16
-         heads of 128, 8 KV heads, M-RoPE sections 24/20/20) with 8 of its 28
-         layers; the vision tower stays tiny.
+  small  Qwen3-VL and Qwen2.5-VL: a language model that dominates prefill time, for performance
+         ratios such as EVS time-to-first-token, with the vision tower tiny. Qwen3-VL:
+         Qwen3-VL-2B's language-model width (2048, 16 heads of 128, 8 KV heads, M-RoPE
+         sections 24/20/20) with 8 of its 28 layers. Qwen2.5-VL: Qwen2.5-VL-3B's (2048, 16
+         heads of 128, 2 KV heads, MLP 11008, M-RoPE 16/24/24) with 8 of its 36 layers.
 
 --config-json overrides config fields: top-level keys, and dicts under "text_config" /
 "vision_config" merged into those sub-configs (nested dicts such as rope_parameters merge too).
@@ -212,6 +213,17 @@ def _qwen2_5_vl_fields() -> Fields:
     )
 
 
+def _qwen2_5_vl_small_fields() -> Fields:
+    """Eight layers of Qwen2.5-VL-3B's language model (2048 wide, 16 heads of 128, 2 KV heads) over
+    the tiny tower: the language-model-bound case, like Qwen3-VL's `small`."""
+    tiny = _qwen2_5_vl_fields()
+    text = dict(
+        tiny.text, hidden_size=2048, intermediate_size=11008, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=2, rope_parameters=dict(tiny.text["rope_parameters"], mrope_section=[16, 24, 24]),
+    )  # fmt: skip
+    return Fields(text=text, vision=dict(tiny.vision, out_hidden_size=2048))
+
+
 def _qwen3_5_fields() -> Fields:
     # As in the released Qwen3.5: rotary on a quarter of each head (partial_rotary_factor 0.25,
     # which SGLang 0.5.23 assumes whatever the config says), so mrope_section sums to head_dim / 8.
@@ -307,7 +319,9 @@ ARCHITECTURES: dict[str, Architecture] = {
         "Qwen3VLMoeConfig", {"tiny": _qwen3_vl_moe_fields}, _qwen3_vl_processor
     ),
     "Qwen2_5_VLForConditionalGeneration": Architecture(
-        "Qwen2_5_VLConfig", {"tiny": _qwen2_5_vl_fields}, _qwen2_processor("Qwen2_5_VLProcessor")
+        "Qwen2_5_VLConfig",
+        {"tiny": _qwen2_5_vl_fields, "small": _qwen2_5_vl_small_fields},
+        _qwen2_processor("Qwen2_5_VLProcessor"),
     ),
     "Qwen2VLForConditionalGeneration": Architecture(
         "Qwen2VLConfig", {"tiny": _qwen2_vl_fields}, _qwen2_processor("Qwen2VLProcessor")

@@ -1,0 +1,197 @@
+"""EVS on Qwen2.5-VL and Qwen2-VL, served end to end on tiny models (float32).
+
+Their videos are one run of pads with no text between groups; positions come from
+upstream's own `get_rope_index` (absolute time for Qwen2.5-VL). The same guarantees as
+Qwen3-VL: exact counts, an HF oracle, chunked prefill and radix hits, mixed media.
+"""
+
+import asyncio
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_evs import trace
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs
+from sglang_evs.testing.server import running_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
+from evs_oracle import keep_mask  # noqa: E402  (the keep-mask oracle written here)
+from test_evs_serving import assert_same_generation  # noqa: E402
+
+ARCHITECTURES = {
+    "Qwen2_5_VLForConditionalGeneration": "tiny_qwen2_5_vl_dir",
+    "Qwen2VLForConditionalGeneration": "tiny_qwen2_vl_dir",
+}
+GROUPS = 4  # a 16-frame 4 fps clip -> SGLang samples 8 frames -> 4 temporal groups
+
+
+def rate(q: float) -> dict:
+    return {"mm_processor_kwargs": {"video_pruning_rate": q}}
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("qwen2_clips")
+    return {
+        kind: media.write_clip(out / f"{kind}.mp4", kind, num_frames=16, fps=4, seed=3) for kind in media.CLIP_KINDS
+    }
+
+
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
+def served(request, tmp_path_factory):
+    """(architecture, model_dir, server, trace_path) for one architecture, default rate 0."""
+    architecture = request.param
+    model_dir = request.getfixturevalue(ARCHITECTURES[architecture])
+    out = tmp_path_factory.mktemp(architecture)
+    env = {"SGLANG_EVS_TRACE": str(out / "trace.jsonl")}
+    with running_server(model_dir, out / "server.log", ["--dtype", "float32", "--enable-metrics"], env=env) as server:
+        yield architecture, model_dir, server, out / "trace.jsonl"
+
+
+def video(server, clip, q, **extra):
+    return generate(server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **rate(q), **extra)[0]
+
+
+def test_our_adapter_serves_with_fixed_buffers(served):
+    architecture, _, server, trace_path = served
+    video(server, media.write_clip(trace_path.parent / "c.mp4", "moving", num_frames=8, fps=4), 0.5)
+    (allocated,) = trace.read(trace_path, "graph_inputs_allocated")
+    assert allocated["model"] == architecture and allocated["deepstack_ptr"] is None
+    calls = [c for c in trace.read(trace_path, "language_model_inputs") if c["mode"] == "EXTEND"]
+    assert calls and {c["positions_ptr"] for c in calls} == {allocated["positions_ptr"]}
+
+
+@pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.75, 0.9])
+def test_prompt_tokens_drop_by_exactly_the_pruned_count(served, clips, q):
+    _, _, server, _ = served
+    unpruned = video(server, clips["moving"], 0.0)
+    tokens = unpruned.meta["video_tokens"]
+    per_group = tokens // GROUPS
+    assert per_group * GROUPS == tokens
+    kept = max(per_group, int(GROUPS * per_group * (1 - q)))  # the EVS count, written out here
+    pruned = video(server, clips["moving"], q)
+    assert pruned.prompt_tokens == unpruned.prompt_tokens - (tokens - kept)
+    assert pruned.meta["video_tokens"] == kept
+    if q > 0:
+        assert pruned.meta["video_tokens_before_pruning"] == tokens
+        assert pruned.meta["video_tokens_after_pruning"] == kept
+
+
+def test_images_are_never_pruned(served, media_dir):
+    _, _, server, _ = served
+    prompt, kwargs = chat_prompt(IMAGE, IMAGE), media_kwargs(images=[media_dir / "image.png", media_dir / "image2.png"])
+    runs = []
+    for q in (0.9, 0.0):
+        flush_cache(server.base_url)
+        runs.append(generate(server.base_url, prompt, **kwargs, **rate(q))[0])
+    assert runs[0] == runs[1]
+
+
+def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served, clips, media_dir):
+    """Video then image and image then video (vLLM's Qwen2.5-VL EVS crashed on the first: vLLM issue
+    27859), two videos, and a batch of 8 concurrent mixed requests, one of them with two videos that
+    are not pruned (SGLang keeps those in one item)."""
+    _, _, server, _ = served
+    image, image2 = media_dir / "image.png", media_dir / "image2.png"
+    cases = [
+        (chat_prompt(VIDEO, IMAGE), media_kwargs(images=[image], videos=[clips["moving"]]), 0.75),
+        (chat_prompt(IMAGE, VIDEO), media_kwargs(images=[image2], videos=[clips["noise"]]), 0.75),
+        (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[clips["noise"], clips["moving"]]), 0.75),
+        (chat_prompt(IMAGE), media_kwargs(images=[image]), 0.75),
+        (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[clips["static"], clips["noise"]]), 0.0),
+        (chat_prompt(text="Count the objects."), {}, 0.75),
+        (chat_prompt(VIDEO, IMAGE, VIDEO),
+         media_kwargs(images=[image2], videos=[clips["static"], clips["noise"]]), 0.5),
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]]), 0.75),
+    ]
+    alone = [generate(server.base_url, p, **kw, **rate(q))[0] for p, kw, q in cases]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda c: generate(server.base_url, c[0], **c[1], **rate(c[2]))[0], cases))
+    for one, many in zip(alone, together, strict=True):
+        assert many.prompt_tokens == one.prompt_tokens
+        assert_same_generation(many, one, "batched vs alone")
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_chunked_prefill_and_radix_hits_equal_single_chunk(architecture, clips, media_dir, tmp_path, request):
+    model_dir = request.getfixturevalue(ARCHITECTURES[architecture])
+    cases = [
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
+        (chat_prompt(IMAGE, VIDEO, VIDEO),
+         media_kwargs(images=[media_dir / "image.png"], videos=[clips["noise"], clips["moving"]])),
+    ]  # fmt: skip
+    results = {}
+    for chunk in (None, 7, 50, 97):
+        args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
+        args += ["--chunked-prefill-size", str(chunk)] if chunk else []
+        with running_server(model_dir, tmp_path / f"chunk-{chunk}.log", args) as server:
+            first = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
+            again = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
+        assert all(a.cached_tokens > 0 for a in again)
+        results[chunk] = first, again
+    reference = results[None][0]
+    for chunk, (first, again) in results.items():
+        for got, want in zip([*first, *again], [*reference, *reference], strict=True):
+            assert_same_generation(got, want, f"{architecture}, chunk size {chunk}")
+
+
+# --- the independent oracle: HF transformers' model given the kept tokens at the reference positions
+
+
+@cache
+def hf(model_dir: str):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(model_dir)
+
+
+def hf_pruned_greedy(model_dir: Path, clip: Path, q: float, steps: int = 8) -> tuple[list[int], int]:
+    """Transformers' own processor, vision tower, `get_rope_index` (with `second_per_grid_ts` for
+    Qwen2.5-VL) and language model; the pruned pads' rows deleted from its tokens and positions."""
+    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
+    from sglang.srt.utils.common import load_video
+
+    model, processor = hf(str(model_dir))
+    frames, _ = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+    inputs = processor(text=[chat_prompt(VIDEO)], videos=[frames], return_tensors="pt")  # as SGLang calls it
+    ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
+    with torch.no_grad():
+        timing = {"second_per_grid_ts": inputs["second_per_grid_ts"]} if "second_per_grid_ts" in inputs else {}
+        positions, delta = model.model.get_rope_index(
+            ids[None], inputs["mm_token_type_ids"], video_grid_thw=grid, **timing
+        )
+        features = model.model.get_video_features(inputs["pixel_values_videos"], grid)
+        rows = torch.cat(list(getattr(features, "pooler_output", features)))
+        mask = keep_mask(rows, grid[0], model.config.vision_config.spatial_merge_size, q)
+        is_pad = ids == model.config.video_token_id
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        keep[is_pad] = mask
+        embeds = model.model.language_model.embed_tokens(ids)
+        embeds[is_pad] = rows
+        embeds, positions = embeds[keep], positions[:, :, keep]
+        offset = int(delta) + int((~keep).sum())
+        tokens = []
+        for _ in range(steps):
+            out = model.model.language_model(inputs_embeds=embeds[None], position_ids=positions)
+            token = int(model.lm_head(out.last_hidden_state[0, -1]).argmax())
+            tokens.append(token)
+            embeds = torch.cat([embeds, model.model.language_model.embed_tokens(torch.tensor([token]))])
+            positions = torch.cat([positions, torch.full((3, 1, 1), embeds.shape[0] - 1 + offset)], dim=2)
+    return tokens, int(keep.sum())
+
+
+@pytest.mark.parametrize("q", [0.5, 0.75])
+@pytest.mark.parametrize("clip", ["noise", "moving"])
+def test_greedy_tokens_equal_hf_oracle(served, clips, q, clip):
+    _, model_dir, server, _ = served
+    expected, prompt_len = hf_pruned_greedy(model_dir, clips[clip], q)
+    served_reply = video(server, clips[clip], q)
+    assert served_reply.prompt_tokens == prompt_len
+    assert served_reply.output_ids == expected
