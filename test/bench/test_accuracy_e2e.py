@@ -54,11 +54,11 @@ def test_videomme_cli_on_fixture(server, tmp_path):
 
 
 def test_paired_mode_requests_set_the_rate_per_request(server, tmp_path):
-    from sglang_evs.bench import sweep
+    from sglang_evs.bench import measure
     from sglang_evs.bench.make_video_dataset import make_video_dataset
 
     line = json.loads(make_video_dataset(tmp_path, num=1, static_share=0.0, seconds=2).read_text())
-    (full_ms, full), (pruned_ms, pruned) = (sweep.timed_video_request(server.base_url, line, q) for q in (0.0, 0.5))
+    (full_ms, full), (pruned_ms, pruned) = (measure.timed_video_request(server.base_url, line, q) for q in (0.0, 0.5))
     assert full_ms > 0 and pruned_ms > 0
     assert full > pruned > 0  # the server ran without a rate: the request's own rate pruned
-    assert sweep.prefill_ms(server.base_url, pruned, reps=1) > 0
+    assert measure.prefill_ms(server.base_url, pruned, reps=1) > 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_evs.bench import sweep
+from sglang_evs.bench import measure, ratios, report
 from sglang_evs.bench.launch import on_cpu, rate_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,13 +28,13 @@ def synthetic_rows() -> list[dict]:
 def test_summarize_bench_uses_server_tokens_of_successful_requests():
     record = {"completed": 2, "mean_ttft_ms": 5.0, "median_ttft_ms": 4.0, "request_throughput": 3.0,
               "total_input_tokens": 10, "input_lens": [400, 410, 999], "errors": ["", "", "boom"]}  # fmt: skip
-    summary = sweep.summarize_bench(record)
+    summary = ratios.summarize_bench(record)
     assert summary["mean_prompt_tokens"] == 405 and summary["completed"] == 2 and summary["mean_ttft_ms"] == 5.0
 
 
 def test_ideal_and_ratios():
     rows = synthetic_rows()
-    encoder = sweep.add_ratios(rows)
+    encoder = ratios.add_ratios(rows)
     assert encoder == 400.0  # E = TTFT(0) - P(n_0)
     q0, q5 = rows
     assert q0["ideal_ttft_ms"] == 1000.0 and q0["measured_over_ideal"] == 1.0
@@ -44,17 +44,17 @@ def test_ideal_and_ratios():
 
 
 def test_reference_tokens_drop_only_the_video_part():
-    assert sweep.reference_tokens(500, 20, 0.0) == 500
-    assert sweep.reference_tokens(500, 20, 0.75) == pytest.approx(20 + 0.25 * 480)
+    assert ratios.reference_tokens(500, 20, 0.0) == 500
+    assert ratios.reference_tokens(500, 20, 0.75) == pytest.approx(20 + 0.25 * 480)
 
 
 def test_paired_ratio():
-    ratio = sweep.paired_ratio([(110.0, 100.0), (90.0, 100.0), (130.0, 100.0)])
+    ratio = ratios.paired_ratio([(110.0, 100.0), (90.0, 100.0), (130.0, 100.0)])
     assert ratio["per_pair"] == pytest.approx([1.1, 0.9, 1.3])
     assert ratio["mean"] == pytest.approx(1.1) and ratio["ratio_of_medians"] == pytest.approx(1.1)
     assert ratio["geometric_mean"] == pytest.approx((1.1 * 0.9 * 1.3) ** (1 / 3))
     # equal speeds, but whichever runs second is 10 % slower; the order alternates
-    alternating = sweep.paired_ratio([(1.0, 1.1), (1.1, 1.0)])
+    alternating = ratios.paired_ratio([(1.0, 1.1), (1.1, 1.0)])
     assert alternating["geometric_mean"] == pytest.approx(1.0) and alternating["mean"] > 1.004
 
 
@@ -63,32 +63,32 @@ def test_paired_ideal_takes_e_from_q0_pairs_and_medians():
         0.0: [{"video_ms": v, "prefill_ms": p, "tokens": 900} for v, p in ((7000, 5500), (6000, 5000), (9000, 5200))],
         0.75: [{"video_ms": v, "prefill_ms": p, "tokens": 300} for v, p in ((3000, 1900), (3300, 2000), (2900, 2100))],
     }
-    result = sweep.paired_ideal(samples, 0.75)
+    result = ratios.paired_ideal(samples, 0.75)
     assert result["encoder_ms"] == 1500  # median of 1500, 1000, 3800: an outlier pair does not move it
     assert result["ideal_ms"] == 1500 + 2000
     assert result["measured_over_ideal"] == pytest.approx(3000 / 3500)
     assert result["ttft_vs_q0"] == pytest.approx(3000 / 7000)
-    assert "measured/ideal 0.857" in sweep.report({"mode": "paired", **result})
+    assert "measured/ideal 0.857" in report.report({"mode": "paired", **result})
 
 
 def test_report_says_when_evs_is_not_active():
     rows = synthetic_rows()
     rows[1]["video"]["mean_prompt_tokens"] = 500.0
-    result = {"mode": "sweep", "encoder_ms": sweep.add_ratios(rows), "rows": rows, "evs_active": False,
+    result = {"mode": "sweep", "encoder_ms": ratios.add_ratios(rows), "rows": rows, "evs_active": False,
               "image_qmax_vs_q0": {"tokens": 1.0, "ttft": 1.0}}  # fmt: skip
-    assert "EVS pruning is not active" in sweep.report(result)
+    assert "EVS pruning is not active" in report.report(result)
     result["evs_active"] = True
-    assert "not active" not in sweep.report(result)
-    assert "0.800" in sweep.report(result)  # TTFT/q0 of q=0.5
+    assert "not active" not in report.report(result)
+    assert "0.800" in report.report(result)  # TTFT/q0 of q=0.5
 
 
 def test_plot_writes_png(tmp_path):
     rows = synthetic_rows()
-    sweep.add_ratios(rows)
+    ratios.add_ratios(rows)
     for row in rows:
         row["reference_tokens"] = 1.0
     rows[0]["image"] = video(10.0, 80.0)
-    path = sweep.plot_sweep({"rows": rows}, tmp_path / "p.png")
+    path = report.plot_sweep({"rows": rows}, tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -123,5 +123,5 @@ def test_end_to_end_sweep_two_rates(tiny_model_dir, tmp_path):
 
 def test_plugin_loaded_reads_the_announcement_line():
     log = "x\n[t] sglang-evs 0.1.0 plugin loaded (sglang 0.5.23, pid 1, in run_scheduler_process)\n"
-    assert sweep.plugin_loaded(log)
-    assert not sweep.plugin_loaded("Skipping plugin sglang_evs (not in SGLANG_PLUGINS)\nsglang-evs\nplugin loaded (")
+    assert measure.plugin_loaded(log)
+    assert not measure.plugin_loaded("Skipping plugin sglang_evs (not in SGLANG_PLUGINS)\nsglang-evs\nplugin loaded (")

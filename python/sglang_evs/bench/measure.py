@@ -1,0 +1,138 @@
+"""Measurements against a running server: sglang.bench_serving runs, timed requests, text prefills."""
+
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import requests
+
+from sglang_evs.bench.ratios import summarize_bench
+
+DEFAULT_RATES = (0.0, 0.25, 0.5, 0.75, 0.9)
+TEXT_TOKEN_RANGE = (10, 300)  # ordinary (non-special) token ids in the tiny tokenizer and in Qwen's
+IMAGE_ARGS = ("--dataset-name", "image", "--image-count", "1", "--image-resolution", "64x64",
+              "--random-input-len", "16", "--random-output-len", "4")  # fmt: skip
+USAGE_FIELDS = {"stream_options": {"include_usage": True}}
+
+
+
+
+
+def run_bench_serving(
+    base_url: str,
+    out_file: Path,
+    dataset_args: Sequence[str],
+    num_prompts: int,
+    max_concurrency: int | None = 1,
+    extra_args: Sequence[str] = (),
+) -> dict:
+    """Run ``python -m sglang.bench_serving`` and return its output record.
+
+    Its own warm-up is off: it would send the first dataset request, whose media would then be cached
+    when that request is measured; call :func:`warm_up` (other media) first instead.
+    """
+    out_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat",
+           "--base-url", base_url, "--num-prompts", str(num_prompts), *dataset_args,
+           "--output-file", str(out_file), "--output-details", "--warmup-requests", "0", "--flush-cache",
+           "--seed", "0", *extra_args]  # fmt: skip
+    if max_concurrency:
+        cmd += ["--max-concurrency", str(max_concurrency)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    out_file.with_suffix(".log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not out_file.exists():
+        raise RuntimeError(f"bench_serving failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    record = json.loads(out_file.read_text().splitlines()[-1])
+    if record["completed"] < num_prompts:
+        raise RuntimeError(f"bench_serving: {record['completed']}/{num_prompts} completed: {record['errors']}")
+    return record
+
+
+def per_request_rate(rate: float) -> dict:
+    """Request-body fields that set EVS's pruning rate for one request (overriding the server's)."""
+    return {"mm_processor_kwargs": {"video_pruning_rate": rate}}
+
+
+def video_bench(
+    base_url: str, dataset: Path, out_file: Path, num_prompts: int, concurrency: int = 1, body: dict | None = None
+) -> dict:
+    """bench_serving on a make_video_dataset JSONL (``body``: extra request fields) -> summarize_bench figures."""
+    args = ("--dataset-name", "openai", "--dataset-path", str(dataset))
+    extra = ("--extra-request-body", json.dumps(body)) if body else ()
+    return summarize_bench(run_bench_serving(base_url, out_file, args, num_prompts, concurrency, extra))
+
+
+def image_bench(base_url: str, out_file: Path, num_prompts: int, body: dict | None = None) -> dict:
+    """bench_serving on its generated ``image`` dataset (one 64x64 image per request)."""
+    extra = ("--extra-request-body", json.dumps({**USAGE_FIELDS, **(body or {})}))
+    return summarize_bench(run_bench_serving(base_url, out_file, IMAGE_ARGS, num_prompts, 1, extra))
+
+
+def warm_up(base_url: str, out_dir: Path, dataset: Path) -> None:
+    """One video and one image chat request with media in no measured request.
+
+    The video is the dataset's ``warmup.mp4`` (same shape as its clips, see make_video_dataset) when
+    there is one: the first prefill of a new size is slow on CPU, and it must not be a measured one.
+    """
+    from sglang_evs.bench.make_video_dataset import WARMUP_CLIP
+    from sglang_evs.testing import media
+
+    clip, image = dataset.parent / WARMUP_CLIP, out_dir / "warmup.png"
+    if not clip.exists():
+        clip = media.write_clip(out_dir / WARMUP_CLIP, "moving", seed=999)
+    if not image.exists():
+        media.write_image(image, seed=999)
+    for kind, path in (("video_url", clip), ("image_url", image)):
+        content = [{"type": kind, kind: {"url": f"file://{path.resolve()}"}}, {"type": "text", "text": "Hi"}]
+        body = {"model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+        requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
+
+
+def timed_video_request(base_url: str, line: dict, rate: float) -> tuple[float, int]:
+    """One dataset line at ``rate``, one output token, not streamed -> (latency ms, prompt tokens)."""
+    body = {"model": "default", "messages": line["messages"], "max_tokens": 1, "temperature": 0,
+            **per_request_rate(rate)}  # fmt: skip
+    start = time.perf_counter()
+    response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
+    response.raise_for_status()
+    return (time.perf_counter() - start) * 1000, response.json()["usage"]["prompt_tokens"]
+
+
+def prefill_ms(base_url: str, num_tokens: int, reps: int = 3, seed: int = 0) -> float:
+    """Median latency (ms) of ``/generate`` on ``num_tokens`` random text ids with one output token.
+
+    Fresh random ids per call (no prefix-cache hits); one unmeasured warm-up call first.
+    """
+    rng = random.Random(seed)
+    times = []
+    for i in range(reps + 1):
+        ids = [rng.randrange(*TEXT_TOKEN_RANGE) for _ in range(num_tokens)]
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        start = time.perf_counter()
+        response = requests.post(f"{base_url}/generate", json=body, timeout=600)
+        response.raise_for_status()
+        if i:
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def text_only_tokens(base_url: str, dataset: Path) -> int:
+    """Server-reported prompt tokens of the dataset's first request with its video part removed."""
+    line = json.loads(dataset.read_text().splitlines()[0])
+    message = line["messages"][0]
+    text = [p for p in message["content"] if p.get("type") == "text"]
+    body = {"model": "default", "messages": [{**message, "content": text}], "max_tokens": 1}
+    response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
+    response.raise_for_status()
+    return response.json()["usage"]["prompt_tokens"]
+
+
+def plugin_loaded(log: str) -> bool:
+    """Whether a server log has the plugin's announcement line (``sglang-evs <version> plugin loaded (...)``)."""
+    return re.search(r"sglang-evs \S+ plugin loaded \(", log) is not None

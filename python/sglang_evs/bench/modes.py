@@ -1,0 +1,139 @@
+"""The benchmark modes, each on its own servers: sweep, load, paired, overhead (method: sweep.py)."""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import requests
+
+from sglang_evs.bench.launch import rate_args, serving
+from sglang_evs.bench.measure import (
+    DEFAULT_RATES,
+    image_bench,
+    per_request_rate,
+    plugin_loaded,
+    prefill_ms,
+    text_only_tokens,
+    timed_video_request,
+    video_bench,
+    warm_up,
+)
+from sglang_evs.bench.ratios import add_ratios, paired_ideal, paired_ratio, reference_tokens
+
+
+def sweep(
+    model: str,
+    dataset: Path,
+    out_dir: Path,
+    rates: Sequence[float] = DEFAULT_RATES,
+    num_prompts: int = 4,
+    image_prompts: int = 2,
+    prefill_reps: int = 3,
+    server_args: Sequence[str] = (),
+) -> dict:
+    """TTFT and prompt tokens vs pruning rate in one server; images at q=0 and max q.
+
+    Each rate is a per-request setting (``mm_processor_kwargs.video_pruning_rate``) on one server
+    started without one: on the 2-core CPU machine, TTFT differs by up to 20 % from one server start
+    to the next, more than the effects measured here. No rate reuses another's vision features, since
+    the item hash folds in the rate. (The server-wide setting serves ``--load`` and the tests.)
+    """
+    from tqdm import tqdm
+
+    rates = sorted(set(rates) | {0.0})
+    rows = []
+    with serving(model, out_dir / "server-sweep.log", server_args) as server:
+        warm_up(server.base_url, out_dir, dataset)
+        for i, rate in enumerate(tqdm(rates, desc="pruning rates", unit="rate")):
+            body = per_request_rate(rate)
+            row = {"rate": rate}
+            row["video"] = video_bench(server.base_url, dataset, out_dir / f"video-q{rate}.jsonl", num_prompts, 1, body)
+            if rate in (0.0, max(rates)):
+                row["image"] = image_bench(server.base_url, out_dir / f"image-q{rate}.jsonl", image_prompts, body)
+            # a seed per rate: ids drawn from one seed would be prefixes of each other, hence cache hits
+            tokens = round(row["video"]["mean_prompt_tokens"])
+            row["prefill_ms"] = prefill_ms(server.base_url, tokens, prefill_reps, seed=i)
+            rows.append(row)
+        text_tokens = text_only_tokens(server.base_url, dataset)
+    enc = add_ratios(rows)
+    tokens0 = rows[0]["video"]["mean_prompt_tokens"]
+    for row in rows:
+        row["reference_tokens"] = reference_tokens(tokens0, text_tokens, row["rate"])
+    qmax = rows[-1]
+    image_ratio = {
+        "tokens": qmax["image"]["mean_prompt_tokens"] / rows[0]["image"]["mean_prompt_tokens"],
+        "ttft": qmax["image"]["mean_ttft_ms"] / rows[0]["image"]["mean_ttft_ms"],
+    }
+    evs_active = any(r["video"]["mean_prompt_tokens"] < tokens0 for r in rows[1:])
+    return {"mode": "sweep", "encoder_ms": enc, "text_tokens": text_tokens, "rows": rows,
+            "image_qmax_vs_q0": image_ratio, "evs_active": evs_active}  # fmt: skip
+
+
+def load(
+    model: str,
+    dataset: Path,
+    out_dir: Path,
+    rates: Sequence[float] = (0.0, 0.75),
+    concurrency: int = 16,
+    server_args: Sequence[str] = (),
+) -> dict:
+    """``concurrency`` video requests at once per rate: requests/s and mean TTFT; ratios vs the first rate."""
+    from tqdm import tqdm
+
+    rows = []
+    for rate in tqdm(rates, desc="load", unit="rate"):
+        with serving(model, out_dir / f"server-load-q{rate}.log", [*server_args, *rate_args(rate)]) as server:
+            out = out_dir / f"load-q{rate}.jsonl"
+            warm_up(server.base_url, out_dir, dataset)
+            rows.append({"rate": rate, "video": video_bench(server.base_url, dataset, out, concurrency, concurrency)})
+    base = rows[0]["video"]
+    for row in rows:
+        row["throughput_vs_first"] = row["video"]["request_throughput"] / base["request_throughput"]
+        row["ttft_vs_first"] = row["video"]["mean_ttft_ms"] / base["mean_ttft_ms"]
+    return {"mode": "load", "concurrency": concurrency, "rows": rows}
+
+
+def paired(
+    model: str,
+    dataset: Path,
+    out_dir: Path,
+    rate: float = 0.75,
+    num_prompts: int = 8,
+    server_args: Sequence[str] = (),
+) -> dict:
+    """The ideal at one rate, measured interleaved in one server: per clip, a video request at q=0 and
+    at ``rate`` (order alternating), each right after a cache flush and followed by ``prefill_ms`` of its
+    prompt length (an unmeasured text-only request, then the measured one). Pairs taken seconds apart
+    keep the machine's drift out of E = TTFT - P."""
+    from tqdm import tqdm
+
+    lines = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()][:num_prompts]
+    samples: dict[float, list[dict]] = {0.0: [], rate: []}
+    with serving(model, out_dir / "server-paired.log", server_args) as server:
+        warm_up(server.base_url, out_dir, dataset)
+        for i, line in enumerate(tqdm(lines, desc="paired clips", unit="clip")):
+            for j, q in enumerate((0.0, rate) if i % 2 == 0 else (rate, 0.0)):
+                requests.post(f"{server.base_url}/flush_cache", timeout=600).raise_for_status()
+                video, tokens = timed_video_request(server.base_url, line, q)
+                text = prefill_ms(server.base_url, tokens, reps=1, seed=2 * i + j)
+                samples[q].append({"video_ms": video, "prefill_ms": text, "tokens": tokens})
+    return {"mode": "paired", "samples": {str(q): v for q, v in samples.items()}, **paired_ideal(samples, rate)}
+
+
+def overhead(
+    model: str, dataset: Path, out_dir: Path, rounds: int = 3, num_prompts: int = 4, server_args: Sequence[str] = ()
+) -> dict:
+    """Video TTFT at q=0 with the plugin vs upstream SGLang (``SGLANG_PLUGINS=none``), alternating rounds."""
+    from tqdm import tqdm
+
+    variants = {"plugin": {}, "upstream": {"SGLANG_PLUGINS": "none"}}
+    runs: dict[str, list[dict]] = {"plugin": [], "upstream": []}
+    for i in tqdm(range(rounds), desc="overhead rounds", unit="round"):
+        for name in ("plugin", "upstream") if i % 2 == 0 else ("upstream", "plugin"):
+            with serving(model, out_dir / f"server-{name}-{i}.log", server_args, variants[name]) as server:
+                warm_up(server.base_url, out_dir, dataset)
+                summary = video_bench(server.base_url, dataset, out_dir / f"overhead-{name}-{i}.jsonl", num_prompts)
+                summary["plugin_loaded"] = plugin_loaded(server.log())
+            runs[name].append(summary)
+    pairs = [(p["mean_ttft_ms"], u["mean_ttft_ms"]) for p, u in zip(runs["plugin"], runs["upstream"], strict=True)]
+    return {"mode": "overhead", "runs": runs, "plugin_over_upstream_ttft": paired_ratio(pairs)}

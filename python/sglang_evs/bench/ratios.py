@@ -1,0 +1,78 @@
+"""Pure arithmetic of the EVS benchmarks: summaries, the ideal TTFT, per-pair ratios (method: sweep.py)."""
+
+import statistics
+from collections.abc import Sequence
+
+
+def summarize_bench(record: dict) -> dict:
+    """One bench_serving output record -> the figures used here (times in ms, tokens per request)."""
+    ok = [n for n, err in zip(record.get("input_lens", []), record.get("errors", []), strict=False) if not err]
+    return {
+        "completed": record["completed"],
+        "mean_ttft_ms": record["mean_ttft_ms"],
+        "median_ttft_ms": record["median_ttft_ms"],
+        "request_throughput": record["request_throughput"],
+        "mean_prompt_tokens": statistics.fmean(ok) if ok else float("nan"),
+    }
+
+
+def encoder_ms(video_ttft0_ms: float, prefill0_ms: float) -> float:
+    """``E = TTFT_video(q=0) - P(n_0)``: the part of TTFT that pruning cannot shrink."""
+    return video_ttft0_ms - prefill0_ms
+
+
+def ideal_ttft_ms(encoder: float, prefill_ms: float) -> float:
+    """``ideal(q) = E + P(n_q)``."""
+    return encoder + prefill_ms
+
+
+def reference_tokens(tokens0: float, text_tokens: float, rate: float) -> float:
+    """Prompt tokens if exactly a fraction ``rate`` of the video part were dropped: text + (1-q) video.
+
+    The video part (``tokens0 - text_tokens``) includes per-group timestamps and framing tokens that
+    EVS keeps, and EVS keeps at least one whole group, so the real count is somewhat higher.
+    """
+    return text_tokens + (1.0 - rate) * (tokens0 - text_tokens)
+
+
+def add_ratios(rows: list[dict]) -> float:
+    """Fill ``ideal_ttft_ms``, ``measured_over_ideal``, ``ttft_vs_q0``, ``tokens_vs_q0`` into sweep rows.
+
+    Rows: ``{"rate", "video": summarize_bench(...), "prefill_ms"}``, one with rate 0. Returns E (ms).
+    """
+    base = next(r for r in rows if r["rate"] == 0.0)
+    enc = encoder_ms(base["video"]["mean_ttft_ms"], base["prefill_ms"])
+    for row in rows:
+        row["ideal_ttft_ms"] = ideal_ttft_ms(enc, row["prefill_ms"])
+        row["measured_over_ideal"] = row["video"]["mean_ttft_ms"] / row["ideal_ttft_ms"]
+        row["ttft_vs_q0"] = row["video"]["mean_ttft_ms"] / base["video"]["mean_ttft_ms"]
+        row["tokens_vs_q0"] = row["video"]["mean_prompt_tokens"] / base["video"]["mean_prompt_tokens"]
+    return enc
+
+
+def paired_ratio(pairs: Sequence[tuple[float, float]]) -> dict:
+    """``[(a, b), ...]`` measured side by side -> per-pair ``a/b``, their mean and geometric mean, and
+    median(a)/median(b).
+
+    With the order alternating between pairs, a slowdown of whichever runs second multiplies one
+    pair's ratio by f and the next one's by 1/f: the geometric mean cancels it, the mean does not.
+    """
+    per_pair = [a / b for a, b in pairs]
+    medians = statistics.median(a for a, _ in pairs) / statistics.median(b for _, b in pairs)
+    return {"per_pair": per_pair, "mean": statistics.fmean(per_pair),
+            "geometric_mean": statistics.geometric_mean(per_pair), "ratio_of_medians": medians}  # fmt: skip
+
+
+def paired_ideal(samples: dict[float, list[dict]], rate: float) -> dict:
+    """Interleaved samples ``{0.0: [...], rate: [...]}``, each ``{"video_ms", "prefill_ms", "tokens"}`` (the
+    latency of one video request and of a text-only request of its prompt length, back to back) ->
+    medians, ``E = median(video_ms - prefill_ms)`` over the q=0 samples, ``ideal = E + median prefill_ms``
+    at ``rate``, ``measured_over_ideal`` and ``ttft_vs_q0`` (both from medians).
+    """
+    med = {q: {k: statistics.median(s[k] for s in samples[q]) for k in ("video_ms", "prefill_ms", "tokens")}
+           for q in (0.0, rate)}  # fmt: skip
+    enc = statistics.median(s["video_ms"] - s["prefill_ms"] for s in samples[0.0])
+    ideal = enc + med[rate]["prefill_ms"]
+    return {"rate": rate, "medians": {str(q): m for q, m in med.items()}, "encoder_ms": enc, "ideal_ms": ideal,
+            "measured_over_ideal": med[rate]["video_ms"] / ideal,
+            "ttft_vs_q0": med[rate]["video_ms"] / med[0.0]["video_ms"]}  # fmt: skip

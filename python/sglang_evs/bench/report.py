@@ -1,0 +1,67 @@
+"""What a benchmark run prints and plots."""
+
+from pathlib import Path
+
+
+def plot_sweep(result: dict, path: Path) -> Path:
+    """PNG: mean video TTFT (measured, ideal) and prompt tokens (reported, reference) vs pruning rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    q = [r["rate"] for r in rows]
+    fig, (ax_t, ax_n) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_t.plot(q, [r["video"]["mean_ttft_ms"] for r in rows], "o-", label="measured (video)")
+    ax_t.plot(q, [r["ideal_ttft_ms"] for r in rows], "--", label="ideal: E + P(tokens at q)")
+    images = [r for r in rows if "image" in r]
+    ax_t.plot([r["rate"] for r in images], [r["image"]["mean_ttft_ms"] for r in images], "s", label="image")
+    ax_t.set(xlabel="video_pruning_rate q", ylabel="mean TTFT (ms)", title="time to first token")
+    ax_n.plot(q, [r["video"]["mean_prompt_tokens"] for r in rows], "o-", label="server-reported (video)")
+    ax_n.plot(q, [r["reference_tokens"] for r in rows], "--", label="text + (1-q) video")
+    ax_n.plot([r["rate"] for r in images], [r["image"]["mean_prompt_tokens"] for r in images], "s", label="image")
+    ax_n.set(xlabel="video_pruning_rate q", ylabel="prompt tokens per request", title="prompt tokens")
+    for ax in (ax_t, ax_n):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def report(result: dict) -> str:
+    """Human-readable ratios of a sweep/load/overhead result."""
+    lines = []
+    if result["mode"] == "sweep":
+        lines.append(f"E (non-LM part of TTFT at q=0) = {result['encoder_ms']:.1f} ms")
+        lines.append("q      tokens  tok/q0  TTFT ms  TTFT/q0  ideal ms  measured/ideal")
+        for r in result["rows"]:
+            v = r["video"]
+            lines.append(f"{r['rate']:<6} {v['mean_prompt_tokens']:<7.0f} {r['tokens_vs_q0']:<7.3f} "
+                         f"{v['mean_ttft_ms']:<8.1f} {r['ttft_vs_q0']:<8.3f} {r['ideal_ttft_ms']:<9.1f} "
+                         f"{r['measured_over_ideal']:.3f}")  # fmt: skip
+        im = result["image_qmax_vs_q0"]
+        lines.append(f"images, max q vs q=0: tokens {im['tokens']:.3f}, TTFT {im['ttft']:.3f}")
+        if not result["evs_active"]:
+            lines.append("NOTE: equal prompt tokens at every rate: EVS pruning is not active on this server")
+    elif result["mode"] == "load":
+        for r in result["rows"]:
+            v = r["video"]
+            lines.append(f"q={r['rate']}: {v['request_throughput']:.3f} req/s ({r['throughput_vs_first']:.3f}x), "
+                         f"mean TTFT {v['mean_ttft_ms']:.1f} ms ({r['ttft_vs_first']:.3f}x), "
+                         f"{v['mean_prompt_tokens']:.0f} prompt tokens")  # fmt: skip
+    elif result["mode"] == "paired":
+        m0, mq = result["medians"]["0.0"], result["medians"][str(result["rate"])]
+        lines.append(f"medians: q=0 video {m0['video_ms']:.0f} ms / P({m0['tokens']:.0f}) {m0['prefill_ms']:.0f} ms; "
+                     f"q={result['rate']} video {mq['video_ms']:.0f} ms / P({mq['tokens']:.0f}) "
+                     f"{mq['prefill_ms']:.0f} ms")  # fmt: skip
+        lines.append(f"E {result['encoder_ms']:.0f} ms, ideal {result['ideal_ms']:.0f} ms, measured/ideal "
+                     f"{result['measured_over_ideal']:.3f}, TTFT vs q=0 {result['ttft_vs_q0']:.3f}")  # fmt: skip
+    else:
+        ratio = result["plugin_over_upstream_ttft"]
+        per_pair = ", ".join(f"{x:.3f}" for x in ratio["per_pair"])
+        lines.append(f"TTFT plugin/upstream per round: {per_pair}; mean {ratio['mean']:.3f}, geometric mean "
+                     f"{ratio['geometric_mean']:.3f}, ratio of medians {ratio['ratio_of_medians']:.3f}")  # fmt: skip
+    return "\n".join(lines)
