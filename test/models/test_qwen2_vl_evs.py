@@ -195,3 +195,34 @@ def test_greedy_tokens_equal_hf_oracle(served, clips, q, clip):
     served_reply = video(server, clips[clip], q)
     assert served_reply.prompt_tokens == prompt_len
     assert served_reply.output_ids == expected
+
+
+def test_bad_rates_get_400_and_prometheus_counts_what_was_pruned(served, clips):
+    """The same bad-input behaviour and server-wide counters as Qwen3-VL (one processor serves both)."""
+    import requests
+
+    _, _, server, _ = served
+    good = video(server, clips["moving"], 0.75)
+    for bad in (1.5, -0.5, "fast"):
+        reply = requests.post(
+            f"{server.base_url}/generate",
+            json={"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], **rate(bad),
+                  "sampling_params": {"max_new_tokens": 2}},
+            timeout=120,
+        )  # fmt: skip
+        assert reply.status_code == 400 and "video_pruning_rate must be a number in [0, 1)" in reply.text
+        assert video(server, clips["moving"], 0.75).output_ids == good.output_ids  # still serving everyone
+
+    def counters() -> dict[str, float]:
+        lines = requests.get(f"{server.base_url}/metrics", timeout=30).text.splitlines()
+        return {k: float(v) for k, v in (line.split() for line in lines if line.startswith("sglang_evs_"))}
+
+    before = counters()
+    pruned = video(server, clips["noise"], 0.5)
+    after = counters()
+    assert after["sglang_evs_video_tokens_before_pruning_total"] - before.get(
+        "sglang_evs_video_tokens_before_pruning_total", 0.0
+    ) == pruned.meta["video_tokens_before_pruning"]
+    assert after["sglang_evs_video_tokens_after_pruning_total"] - before.get(
+        "sglang_evs_video_tokens_after_pruning_total", 0.0
+    ) == pruned.meta["video_tokens_after_pruning"]
