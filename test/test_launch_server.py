@@ -1,24 +1,43 @@
-"""`python -m sglang_evs.launch_server --video-pruning-rate q` folds q into SGLang's model overrides."""
+"""`python -m sglang_evs.launch_server` folds its pruning flags into SGLang's model overrides."""
 
 import json
 
 import pytest
 
-from sglang_evs.launch_server import fold_pruning_rate
+from sglang_evs.launch_server import fold_pruning_flags
+
+
+def overrides(argv: list[str]) -> dict:
+    return json.loads(argv[argv.index("--json-model-override-args") + 1])
 
 
 def test_rate_joins_existing_overrides():
-    argv = fold_pruning_rate(
+    argv = fold_pruning_flags(
         ["--model-path", "m", "--video-pruning-rate", "0.75", "--json-model-override-args", '{"a": 1}']
     )
     assert argv[:2] == ["--model-path", "m"]
-    assert json.loads(argv[argv.index("--json-model-override-args") + 1]) == {"a": 1, "video_pruning_rate": 0.75}
+    assert overrides(argv) == {"a": 1, "video_pruning_rate": 0.75}
 
 
-def test_without_the_flag_nothing_changes():
-    assert fold_pruning_rate(["--model-path", "m"]) == ["--model-path", "m"]
+def test_retention_ratio_selects_vidcom2():
+    argv = fold_pruning_flags(["--model-path", "m", "--video-retention-ratio", "0.25"])
+    assert overrides(argv) == {"video_retention_ratio": 0.25}
 
 
-def test_invalid_rate_names_the_setting():
-    with pytest.raises(ValueError, match="video_pruning_rate"):
-        fold_pruning_rate(["--video-pruning-rate", "1.2"])
+def test_without_the_flags_nothing_changes():
+    assert fold_pruning_flags(["--model-path", "m"]) == ["--model-path", "m"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--video-pruning-rate", "1.2"], "video_pruning_rate must be"),
+        (["--video-retention-ratio", "0"], r"video_retention_ratio must be a number in \(0, 1\]"),
+        (["--video-retention-ratio", "1.5"], r"video_retention_ratio must be a number in \(0, 1\]"),
+        (["--video-retention-ratio", "0.5", "--video-pruning-rate", "0.5"], "not both"),
+        (["--video-retention-ratio", "0.5", "--json-model-override-args", '{"video_pruning_rate": 0.5}'], "not both"),
+    ],
+)
+def test_invalid_settings_are_refused_naming_them(argv, message):
+    with pytest.raises(ValueError, match=message):
+        fold_pruning_flags(argv)

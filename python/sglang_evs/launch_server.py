@@ -1,10 +1,11 @@
-"""`python -m sglang.launch_server` with a `--video-pruning-rate` flag.
+"""`python -m sglang.launch_server` with `--video-pruning-rate` (EVS) and `--video-retention-ratio` (VidCom2).
 
     python -m sglang_evs.launch_server --video-pruning-rate 0.75 --model-path Qwen/Qwen3-VL-8B-Instruct ...
+    python -m sglang_evs.launch_server --video-retention-ratio 0.25 --model-path Qwen/Qwen3-VL-8B-Instruct ...
 
-The flag is folded into SGLang's `--json-model-override-args` (merged with
-one given there), the standard way SGLang sets `video_pruning_rate` on the
-model config in every process; everything else goes to SGLang unchanged.
+The flags (vLLM's names; at most one) are folded into SGLang's `--json-model-override-args`
+(merged with one given there), the standard way SGLang sets a model-config value in every
+process; everything else goes to SGLang unchanged.
 """
 
 import argparse
@@ -12,26 +13,33 @@ import json
 import runpy
 import sys
 
-from sglang_evs.evs import PRUNING_RATE_SETTING, validate_pruning_rate
+from sglang_evs.evs import METHODS, method_from_settings
 
 
-def fold_pruning_rate(argv: list[str]) -> list[str]:
-    """argv with --video-pruning-rate moved into --json-model-override-args."""
+def fold_pruning_flags(argv: list[str]) -> list[str]:
+    """argv with --video-pruning-rate / --video-retention-ratio moved into --json-model-override-args.
+
+    Raises ValueError naming the setting(s) when a value is invalid or both methods end up set.
+    """
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--video-pruning-rate", type=float)
+    for method in METHODS.values():
+        parser.add_argument("--" + method.setting.replace("_", "-"), type=float)
     parser.add_argument("--json-model-override-args", default="{}")
     known, rest = parser.parse_known_args(argv)
     overrides = json.loads(known.json_model_override_args)
-    if known.video_pruning_rate is not None:
-        overrides[PRUNING_RATE_SETTING] = validate_pruning_rate(known.video_pruning_rate)
+    for method in METHODS.values():
+        value = getattr(known, method.setting)
+        if value is not None:
+            overrides[method.setting] = value
+    method_from_settings(overrides)  # validates the value and refuses both methods at once
     return [*rest, "--json-model-override-args", json.dumps(overrides)] if overrides else rest
 
 
 def main() -> None:
     try:
-        sys.argv = [sys.argv[0], *fold_pruning_rate(sys.argv[1:])]
+        sys.argv = [sys.argv[0], *fold_pruning_flags(sys.argv[1:])]
     except ValueError as exc:
-        sys.exit(f"--video-pruning-rate: {exc}")
+        sys.exit(f"sglang_evs.launch_server: {exc}")
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
 
 

@@ -1,4 +1,4 @@
-"""Bad input gets a clear error and loses nothing: startup refuses a bad rate; bad requests get HTTP 400."""
+"""Bad input gets a clear error and loses nothing: startup refuses a bad setting; bad requests get HTTP 400."""
 
 import os
 import subprocess
@@ -10,16 +10,31 @@ import requests
 from sglang_evs.testing import media
 from sglang_evs.testing.server import CPU_ENV, CPU_SERVER_ARGS, running_server
 
+RATE_MESSAGE = "video_pruning_rate must be a number in [0, 1)"
+RATIO_MESSAGE = "video_retention_ratio must be a number in (0, 1]"
 
-@pytest.mark.parametrize("value", ["1.5", "-0.1", '"abc"', "NaN"])
-def test_startup_refuses_an_invalid_rate_naming_the_setting(tiny_model_dir, value):
-    args = ["--json-model-override-args", f'{{"video_pruning_rate": {value}}}']
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ('{"video_pruning_rate": 1.5}', RATE_MESSAGE),
+        ('{"video_pruning_rate": -0.1}', RATE_MESSAGE),
+        ('{"video_pruning_rate": "abc"}', RATE_MESSAGE),
+        ('{"video_pruning_rate": NaN}', RATE_MESSAGE),
+        ('{"video_retention_ratio": 0}', RATIO_MESSAGE),
+        ('{"video_retention_ratio": 1.5}', RATIO_MESSAGE),
+        ('{"video_retention_ratio": "half"}', RATIO_MESSAGE),
+        ('{"video_retention_ratio": 0.5, "video_pruning_rate": 0.5}', "not both"),
+    ],
+)
+def test_startup_refuses_an_invalid_setting_naming_it(tiny_model_dir, overrides, message):
     done = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir), *CPU_SERVER_ARGS, *args],
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir), *CPU_SERVER_ARGS,
+         "--json-model-override-args", overrides],
         capture_output=True, text=True, timeout=240, env={**os.environ, **CPU_ENV},
     )  # fmt: skip
     assert done.returncode != 0
-    assert "video_pruning_rate must be a number in [0, 1)" in done.stdout + done.stderr
+    assert message in done.stdout + done.stderr
 
 
 def test_friendly_launch_flag_refuses_an_invalid_rate():
@@ -27,7 +42,7 @@ def test_friendly_launch_flag_refuses_an_invalid_rate():
         [sys.executable, "-m", "sglang_evs.launch_server", "--video-pruning-rate", "1.0", "--model-path", "x"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode != 0 and "--video-pruning-rate: video_pruning_rate must be" in done.stderr
+    assert done.returncode != 0 and "video_pruning_rate must be" in done.stderr
 
 
 @pytest.fixture(scope="module")

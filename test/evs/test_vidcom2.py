@@ -1,6 +1,6 @@
 """Tests of sglang_evs.evs.vidcom2.
 
-Oracles: the algorithm restated below in float64 with stable sorts (for
+Oracles: the algorithm restated in float64 with stable sorts (vidcom2_oracle.py; for
 continuous fp32 inputs, which do not tie), and vLLM 0.33.0's released
 vidcom2.py fetched at test time (the `vllm_vidcom2` fixture; skipped without PyPI).
 """
@@ -16,46 +16,7 @@ import torch
 
 from sglang_evs.evs import vidcom2
 
-
-def oracle_mask(x: torch.Tensor, t: int, tpf: int, q: float) -> tuple[torch.Tensor, list[int]]:
-    """The paper's selection in float64, one frame at a time; ``(mask, per-frame budgets)``."""
-    x = x.double()
-    var = x.var(dim=0, unbiased=False)
-    channels = sorted(range(x.shape[1]), key=lambda c: float(var[c]))[: max(1, x.shape[1] // 2)]
-    rows = x[:, channels]
-    rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    video_centre = rows.mean(dim=0)
-
-    def kernel(r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        d2 = ((r - c) ** 2).sum(dim=-1)
-        return sum(torch.exp(-d2 / (2 * a)) for a in (1 / 8, 1 / 4, 1 / 2, 1, 2))  # type: ignore[return-value]
-
-    sims, distinct = [], []
-    for f in range(t):
-        frame = rows[f * tpf : (f + 1) * tpf]
-        to_video = kernel(frame, video_centre)
-        sims.append(to_video + kernel(frame, frame.mean(dim=0)))
-        distinct.append(-float(to_video.mean()))
-    top = max(distinct)
-    e = [math.exp((d - top) / 0.01) for d in distinct]
-    p = [v / sum(e) for v in e]
-    budgets = [min(tpf, max(1, round(tpf * min(1.0, (1 - q) * (1 + pf - sum(p) / t))))) for pf in p]
-    sim = torch.cat(sims)
-    keep = set()
-    for f, k in enumerate(budgets):
-        order = sorted(range(f * tpf, (f + 1) * tpf), key=lambda i: float(sim[i]))
-        keep.update(order[:k])
-    target = vidcom2.retained_token_count(tpf, t, q)
-    by_sim = sorted(range(t * tpf), key=lambda i: float(sim[i]))
-    while len(keep) > target:  # drop the most similar kept
-        keep.remove(max(keep, key=lambda i: float(sim[i])))
-    for i in by_sim:  # add the least similar others
-        if len(keep) >= target:
-            break
-        keep.add(i)
-    mask = torch.zeros(t * tpf, dtype=torch.bool)
-    mask[sorted(keep)] = True
-    return mask, budgets
+from .vidcom2_oracle import oracle_mask
 
 
 def continuous_video(

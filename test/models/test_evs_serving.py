@@ -11,12 +11,19 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-import requests
 import torch
 
 from sglang_evs.evs import retained_token_count
 from sglang_evs.testing import media
-from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs
+from sglang_evs.testing.requests import (
+    IMAGE,
+    VIDEO,
+    chat_prompt,
+    flush_cache,
+    generate,
+    media_kwargs,
+    pruning_metrics,
+)
 from sglang_evs.testing.server import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
@@ -62,23 +69,19 @@ def test_prompt_tokens_drop_by_exactly_the_pruned_count(evs_server, clips, q):
     assert served.meta["video_tokens"] == retained_token_count(TOKENS_PER_GROUP, GROUPS, q)
 
 
-def evs_metrics(server) -> dict[str, float]:
-    lines = requests.get(f"{server.base_url}/metrics", timeout=30).text.splitlines()
-    return {k: float(v) for k, v in (ln.split() for ln in lines if ln.startswith("sglang_evs_"))}
-
-
 def test_what_evs_saved_is_reported_per_request_and_per_server(evs_server, clips):
-    before = evs_metrics(evs_server)
+    before = pruning_metrics(evs_server.base_url)
     served = video_request(evs_server, clips["noise"], q=0.75)
     kept = retained_token_count(TOKENS_PER_GROUP, GROUPS, 0.75)
     assert served.meta["video_tokens_before_pruning"] == GROUPS * TOKENS_PER_GROUP
     assert served.meta["video_tokens_after_pruning"] == served.meta["video_tokens"] == kept
     assert served.meta["video_pruning_rate"] == 0.75
-    after = evs_metrics(evs_server)
+    assert served.meta["video_pruning_method"] == "evs"
+    after = pruning_metrics(evs_server.base_url)
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
-    assert delta["sglang_evs_video_tokens_before_pruning_total"] == GROUPS * TOKENS_PER_GROUP
-    assert delta["sglang_evs_video_tokens_after_pruning_total"] == kept
-    assert delta["sglang_evs_pruned_videos_total"] == 1
+    assert delta["video_tokens_before_pruning", "evs"] == GROUPS * TOKENS_PER_GROUP
+    assert delta["video_tokens_after_pruning", "evs"] == kept
+    assert delta["pruned_videos", "evs"] == 1
 
 
 def test_openai_client_sets_the_rate_per_request(evs_server, clips):
@@ -125,8 +128,11 @@ def hf(model_dir: str):
     ).eval(), AutoProcessor.from_pretrained(model_dir)
 
 
-def hf_pruned_greedy(model_dir: Path, clip: Path, q: float, steps: int = 8) -> tuple[list[int], int]:
-    """Reference rule (spec section 4) built from transformers' own modules, not this package."""
+def hf_pruned_greedy(
+    model_dir: Path, clip: Path, q: float, steps: int = 8, keep_mask=compute_retention_mask
+) -> tuple[list[int], int]:
+    """The reference rule built from transformers' own modules, not this package: the kept tokens
+    (`keep_mask(rows, grid, m, q)`, an oracle written here) at their unpruned positions."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
 
@@ -143,9 +149,7 @@ def hf_pruned_greedy(model_dir: Path, clip: Path, q: float, steps: int = 8) -> t
         feats = model.model.get_video_features(inputs["pixel_values_videos"], grid)
         main = torch.cat(list(feats.pooler_output))
         levels = [torch.cat(list(per_video)) for per_video in feats.deepstack_features]
-        mask = compute_retention_mask(
-            torch.cat([main, *levels], dim=1), grid[0], cfg.vision_config.spatial_merge_size, q
-        )
+        mask = keep_mask(torch.cat([main, *levels], dim=1), grid[0], cfg.vision_config.spatial_merge_size, q)
         is_pad = ids == cfg.video_token_id
         keep = torch.ones_like(ids, dtype=torch.bool)
         keep[is_pad] = mask
@@ -190,6 +194,26 @@ def assert_same_generation(got, want, context) -> None:
     assert got_top == [[t for _, t in step] for step in want.top_logprobs], context
 
 
+def served_in_chunks(model_dir: Path, cases: list, chunk_sizes, server_args: list[str], log_dir: Path) -> dict:
+    """chunk size (None: SGLang's default) -> (first replies, repeated replies) of `cases`, one
+    server per size; the repeats must hit the radix cache."""
+    results = {}
+    for chunk in chunk_sizes:
+        args = [*server_args, *(["--chunked-prefill-size", str(chunk)] if chunk else [])]
+        with running_server(model_dir, log_dir / f"chunk-{chunk}.log", args) as server:
+            first = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
+            again = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
+        assert all(a.cached_tokens > 0 for a in again), f"chunk size {chunk}: no radix hit"
+        results[chunk] = first, again
+    return results
+
+
+def assert_chunks_equal(results: dict, reference: list, context: str) -> None:
+    for chunk, (first, again) in results.items():
+        for got, want in zip([*first, *again], [*reference, *reference], strict=True):
+            assert_same_generation(got, want, f"{context}, chunk size {chunk}")
+
+
 def test_chunked_prefill_and_radix_hits_equal_single_chunk(tiny_model_dir, clips, tmp_path):
     """Chunk sizes chosen to cut inside groups, on framing tokens and on the video's edges."""
     image = media.write_image(tmp_path / "image.png", seed=2)
@@ -197,20 +221,9 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(tiny_model_dir, clips
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
         (chat_prompt(IMAGE, VIDEO, VIDEO), media_kwargs(images=[image], videos=[clips["noise"], clips["moving"]])),
     ]
-    results = {}
-    for chunk in (None, 7, 16, 33, 50):
-        args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
-        if chunk is not None:
-            args += ["--chunked-prefill-size", str(chunk)]
-        with running_server(tiny_model_dir, tmp_path / f"chunk-{chunk}.log", args) as server:
-            first = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
-            again = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
-        assert all(a.cached_tokens > 0 for a in again)
-        results[chunk] = first, again
-    reference = results[None][0]
-    for chunk, (first, again) in results.items():
-        for got, want in zip([*first, *again], [*reference, *reference], strict=True):
-            assert_same_generation(got, want, f"chunk size {chunk}")
+    args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
+    results = served_in_chunks(tiny_model_dir, cases, (None, 7, 16, 33, 50), args, tmp_path)
+    assert_chunks_equal(results, results[None][0], "EVS")
 
 
 # --- several media per request and per batch

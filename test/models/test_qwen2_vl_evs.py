@@ -16,13 +16,14 @@ import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import media
-from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs
+from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs, pruning_metrics
 from sglang_evs.testing.server import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
-from evs_oracle import keep_mask  # noqa: E402  (the keep-mask oracle written here)
-from test_evs_serving import assert_same_generation  # noqa: E402
+from evs_oracle import keep_mask  # noqa: E402  (the keep-mask oracles written here)
+from test_evs_serving import assert_chunks_equal, assert_same_generation, served_in_chunks  # noqa: E402
+from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
 
 ARCHITECTURES = {
     "Qwen2_5_VLForConditionalGeneration": "tiny_qwen2_5_vl_dir",
@@ -106,8 +107,11 @@ def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served
         (chat_prompt(IMAGE), media_kwargs(images=[image]), 0.75),
         (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[clips["static"], clips["noise"]]), 0.0),
         (chat_prompt(text="Count the objects."), {}, 0.75),
-        (chat_prompt(VIDEO, IMAGE, VIDEO),
-         media_kwargs(images=[image2], videos=[clips["static"], clips["noise"]]), 0.5),
+        (
+            chat_prompt(VIDEO, IMAGE, VIDEO),
+            media_kwargs(images=[image2], videos=[clips["static"], clips["noise"]]),
+            0.5,
+        ),
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]]), 0.75),
     ]
     alone = [generate(server.base_url, p, **kw, **rate(q))[0] for p, kw, q in cases]
@@ -126,19 +130,9 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(architecture, clips, 
         (chat_prompt(IMAGE, VIDEO, VIDEO),
          media_kwargs(images=[media_dir / "image.png"], videos=[clips["noise"], clips["moving"]])),
     ]  # fmt: skip
-    results = {}
-    for chunk in (None, 7, 50, 97):
-        args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
-        args += ["--chunked-prefill-size", str(chunk)] if chunk else []
-        with running_server(model_dir, tmp_path / f"chunk-{chunk}.log", args) as server:
-            first = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
-            again = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
-        assert all(a.cached_tokens > 0 for a in again)
-        results[chunk] = first, again
-    reference = results[None][0]
-    for chunk, (first, again) in results.items():
-        for got, want in zip([*first, *again], [*reference, *reference], strict=True):
-            assert_same_generation(got, want, f"{architecture}, chunk size {chunk}")
+    args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
+    results = served_in_chunks(model_dir, cases, (None, 7, 50, 97), args, tmp_path)
+    assert_chunks_equal(results, results[None][0], architecture)
 
 
 # --- the independent oracle: HF transformers' model given the kept tokens at the reference positions
@@ -152,7 +146,9 @@ def hf(model_dir: str):
     return model, AutoProcessor.from_pretrained(model_dir)
 
 
-def hf_pruned_greedy(model_dir: Path, clip: Path, q: float, steps: int = 8) -> tuple[list[int], int]:
+def hf_pruned_greedy(
+    model_dir: Path, clip: Path, q: float, steps: int = 8, mask_oracle=keep_mask
+) -> tuple[list[int], int]:
     """Transformers' own processor, vision tower, `get_rope_index` (with `second_per_grid_ts` for
     Qwen2.5-VL) and language model; the pruned pads' rows deleted from its tokens and positions."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
@@ -169,7 +165,7 @@ def hf_pruned_greedy(model_dir: Path, clip: Path, q: float, steps: int = 8) -> t
         )
         features = model.model.get_video_features(inputs["pixel_values_videos"], grid)
         rows = torch.cat(list(getattr(features, "pooler_output", features)))
-        mask = keep_mask(rows, grid[0], model.config.vision_config.spatial_merge_size, q)
+        mask = mask_oracle(rows, grid[0], model.config.vision_config.spatial_merge_size, q)
         is_pad = ids == model.config.video_token_id
         keep = torch.ones_like(ids, dtype=torch.bool)
         keep[is_pad] = mask
@@ -197,6 +193,23 @@ def test_greedy_tokens_equal_hf_oracle(served, clips, q, clip):
     assert served_reply.output_ids == expected
 
 
+@pytest.mark.parametrize("ratio", [0.5, 0.25])
+def test_vidcom2_count_and_hf_oracle(served, clips, ratio):
+    """VidCom2 on the same mechanism: its own count and mask, the same exact positions."""
+    _, model_dir, server, _ = served
+    unpruned = video(server, clips["noise"], 0.0)
+    tokens = unpruned.meta["video_tokens"]
+    kept = max(GROUPS, min(int(tokens * (1 - (1 - ratio))), tokens))  # the VidCom2 count, written out here
+    expected, prompt_len = hf_pruned_greedy(model_dir, clips["noise"], 1 - ratio, mask_oracle=vidcom2_keep_mask)
+    reply = generate(
+        server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clips["noise"]]),
+        mm_processor_kwargs={"video_retention_ratio": ratio},
+    )[0]  # fmt: skip
+    assert reply.prompt_tokens == prompt_len == unpruned.prompt_tokens - (tokens - kept)
+    assert reply.meta["video_pruning_method"] == "vidcom2" and reply.meta["video_tokens"] == kept
+    assert reply.output_ids == expected
+
+
 def test_bad_rates_get_400_and_prometheus_counts_what_was_pruned(served, clips):
     """The same bad-input behaviour and server-wide counters as Qwen3-VL (one processor serves both)."""
     import requests
@@ -213,16 +226,8 @@ def test_bad_rates_get_400_and_prometheus_counts_what_was_pruned(served, clips):
         assert reply.status_code == 400 and "video_pruning_rate must be a number in [0, 1)" in reply.text
         assert video(server, clips["moving"], 0.75).output_ids == good.output_ids  # still serving everyone
 
-    def counters() -> dict[str, float]:
-        lines = requests.get(f"{server.base_url}/metrics", timeout=30).text.splitlines()
-        return {k: float(v) for k, v in (line.split() for line in lines if line.startswith("sglang_evs_"))}
-
-    before = counters()
+    before = pruning_metrics(server.base_url)
     pruned = video(server, clips["noise"], 0.5)
-    after = counters()
-    assert after["sglang_evs_video_tokens_before_pruning_total"] - before.get(
-        "sglang_evs_video_tokens_before_pruning_total", 0.0
-    ) == pruned.meta["video_tokens_before_pruning"]
-    assert after["sglang_evs_video_tokens_after_pruning_total"] - before.get(
-        "sglang_evs_video_tokens_after_pruning_total", 0.0
-    ) == pruned.meta["video_tokens_after_pruning"]
+    after = pruning_metrics(server.base_url)
+    for name in ("video_tokens_before_pruning", "video_tokens_after_pruning"):
+        assert after[name, "evs"] - before.get((name, "evs"), 0.0) == pruned.meta[name]

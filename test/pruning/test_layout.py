@@ -1,10 +1,12 @@
 """The tokenizer-side rewrite: pruned length, final positions outside the video, rate-aware hashes."""
 
+import pytest
 import torch
 
 from sglang_evs.evs import retained_token_count
+from sglang_evs.evs.methods import EVS, VIDCOM2
 from sglang_evs.pruning import layout as pruned_layout
-from sglang_evs.pruning.processor import request_pruning_rate, server_pruning_rate
+from sglang_evs.pruning.settings import NO_PRUNING, Pruning, request_pruning, server_pruning
 
 VIDEO, VS, VE, IMG = 9, 7, 8, 6
 
@@ -56,7 +58,7 @@ def video_output():
 def test_video_shrinks_by_the_pruned_count_and_everything_else_keeps_its_place():
     out = video_output()
     ids_before, positions_before = list(out.input_ids), out.mrope_positions.clone()
-    (stats,) = pruned_layout.prune_video_layout(out, 0.5, spatial_merge_size=1, video_token_id=VIDEO)
+    (stats,) = pruned_layout.prune_video_layout(out, Pruning(EVS, 0.5, 0.5), spatial_merge_size=1, video_token_id=VIDEO)
     kept = retained_token_count(2, 3, 0.5)
     assert (stats.before, stats.after) == (6, kept)
     assert len(out.input_ids) == len(ids_before) - (6 - kept)
@@ -71,12 +73,25 @@ def test_video_shrinks_by_the_pruned_count_and_everything_else_keeps_its_place()
     assert out.padded_input_ids == ["padded", len(out.input_ids)]
 
 
-def test_rate_is_part_of_the_cache_key():
-    a, b, c = video_output(), video_output(), video_output()
-    pruned_layout.prune_video_layout(a, 0.5, 1, VIDEO)
-    pruned_layout.prune_video_layout(b, 0.25, 1, VIDEO)
-    pruned_layout.prune_video_layout(c, 0.5, 1, VIDEO)
-    assert a.mm_items[1].hash == c.mm_items[1].hash != b.mm_items[1].hash
+def test_method_and_rate_are_part_of_the_cache_key():
+    evs_half, evs_quarter, vidcom2_half = Pruning(EVS, 0.5, 0.5), Pruning(EVS, 0.25, 0.25), Pruning(VIDCOM2, 0.5, 0.5)
+    outputs = [video_output() for _ in range(4)]
+    for out, pruning in zip(outputs, [evs_half, evs_quarter, evs_half, vidcom2_half], strict=True):
+        pruned_layout.prune_video_layout(out, pruning, 1, VIDEO)
+    a, b, c, d = (out.mm_items[1].hash for out in outputs)
+    assert a == c and len({a, b, d}) == 3
+
+
+def test_vidcom2_region_has_the_vidcom2_count():
+    """3 groups of 2 at q = .75: VidCom2 keeps max(T, int(6 * .25)) = 3, EVS max(tpf, 1) = 2."""
+    counts = {}
+    for method in (EVS, VIDCOM2):
+        out = video_output()
+        (stats,) = pruned_layout.prune_video_layout(out, Pruning(method, 0.75, 0.75), 1, VIDEO)
+        start, end = out.mm_items[1].offsets[0]
+        pads = sum(1 for token in out.input_ids[start : end + 1] if token == VIDEO)
+        counts[method.name] = (stats.after, pads, out.mm_items[1].model_specific_data[pruned_layout.METHOD])
+    assert counts == {"evs": (2, 2, "evs"), "vidcom2": (3, 3, "vidcom2")}
 
 
 def test_region_keep_follows_the_mask_over_pads():
@@ -85,15 +100,27 @@ def test_region_keep_follows_the_mask_over_pads():
     assert keep.tolist() == [True, True, True, True, True, False, True]
 
 
-def test_rate_settings():
-    class Config:
-        video_pruning_rate = 0.25
+def test_settings_pick_method_and_rate():
+    def config(**settings):
+        return type("Config", (), settings)()
 
-    class Request:
-        mm_processor_kwargs = {"video_pruning_rate": 0.75}
+    def request(**kwargs):
+        return type("Request", (), {"mm_processor_kwargs": kwargs})()
 
-    assert server_pruning_rate(Config()) == 0.25 and server_pruning_rate(object()) == 0.0
-    assert request_pruning_rate(Request(), 0.25) == 0.75 and request_pruning_rate(object(), 0.25) == 0.25
+    assert server_pruning(config(video_pruning_rate=0.25)) == Pruning(EVS, 0.25, 0.25)
+    assert server_pruning(config(video_retention_ratio=0.25)) == Pruning(VIDCOM2, 0.75, 0.25)
+    assert server_pruning(object()) == NO_PRUNING and not NO_PRUNING.prunes
+    default = Pruning(EVS, 0.25, 0.25)
+    assert request_pruning(request(video_pruning_rate=0.75), default) == Pruning(EVS, 0.75, 0.75)
+    assert request_pruning(request(video_retention_ratio=0.5), default) == Pruning(VIDCOM2, 0.5, 0.5)
+    assert request_pruning(request(video_retention_ratio=None), default) == default
+    assert request_pruning(object(), default) == default
+    assert not request_pruning(request(video_retention_ratio=1.0), default).prunes
+    with pytest.raises(ValueError, match="not both"):
+        server_pruning(config(video_pruning_rate=0.5, video_retention_ratio=0.5))
+    for bad in (0, 1.5, "x"):
+        with pytest.raises(ValueError, match=r"video_retention_ratio must be a number in \(0, 1\]"):
+            request_pruning(request(video_retention_ratio=bad), default)
 
 
 def test_bundled_videos_are_split_into_one_item_each():

@@ -2,15 +2,18 @@
 
 Tokenizer process:
   processor.py  SGLang's Qwen-VL processor, then `layout.prune_video_layout` for requests that prune
+  settings.py   which method (EVS, VidCom2) and rate apply: the server default or the request's own
   layout.py     each pruned video becomes one region of its pruned length (known before encoding),
-                positions outside it and the decode offset final, the item's hash folded with the rate
+                positions outside it and the decode offset final, the item's hash folded with the
+                method and rate
   usage.py      per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
   videos.py     `PrunedVideos`: batched encoding, keep-mask, region fill, exact positions per forward
 Both:
   fields.py     what a pruned item carries between the two, and region helpers
 
-An adapter (models/) declares only its upstream class, its language model class and its
+The mechanism knows methods only through `evs.methods.PruningMethod` (kept count before
+encoding, keep-mask after). An adapter (models/) declares only its upstream class, its language model class and its
 deepstack levels; the positions come from upstream's own `get_rope_index`, and the mask scores
 every column the vision tower returns.
 """

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-RATE = "evs_pruning_rate"
+METHOD = "evs_pruning_method"  # the pruning method's name (evs.METHODS)
+RATE = "evs_pruning_rate"  # q in (0, 1)
 REGION_IDS = "evs_region_ids"  # [len(R)] int64, unpruned region token ids
 REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region
 VIDEO_TOKENS = "evs_video_tokens"  # (before, after) pruning
@@ -32,7 +33,8 @@ def region_keep(region_ids: torch.Tensor, video_token_id: int, pad_mask: torch.T
     return keep
 
 
-def rate_aware_hash(item_hash: int, pruning_rate: float) -> int:
-    """The same video at two rates must not share radix-cache entries or cached embeddings."""
-    digest = hashlib.sha256(f"{item_hash}:{pruning_rate!r}".encode()).digest()
+def pruning_aware_hash(item_hash: int, method: str, pruning_rate: float) -> int:
+    """The same video pruned by two methods or at two rates must not share radix-cache entries or
+    cached embeddings."""
+    digest = hashlib.sha256(f"{item_hash}:{method}:{pruning_rate!r}".encode()).digest()
     return int.from_bytes(digest[:8], "big")

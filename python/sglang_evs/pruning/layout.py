@@ -5,7 +5,7 @@ per-group timestamps and markers included; Qwen2-VL and Qwen2.5-VL have one run 
 and its positions are whatever the model family's upstream `get_rope_index` computed.
 
 Before encoding, the keep-mask is unknown but the pruned length is not
-(`retained_token_count`). Each pruned video becomes ONE placeholder region
+(the method's `retained_token_count`). Each pruned video becomes ONE placeholder region
 spanning from its first pad to its last pad (framing tokens of groups 1..T-1
 included), laid out with the canonical split (`evs.canonical_keep_mask`).
 After encoding, the model fills the region with the true layout: the
@@ -23,16 +23,18 @@ import copy
 import torch
 
 from sglang_evs import sglang_compat as sglang
-from sglang_evs.evs import canonical_keep_mask, retained_token_count
+from sglang_evs.evs import canonical_keep_mask
 from sglang_evs.pruning.fields import (
+    METHOD,
     RATE,
     REGION_IDS,
     REGION_POSITIONS,
     VIDEO_TOKENS,
     PrunedVideo,
-    rate_aware_hash,
+    pruning_aware_hash,
     region_keep,
 )
+from sglang_evs.pruning.settings import Pruning
 
 
 def split_bundled_videos(items: list) -> list:
@@ -62,7 +64,7 @@ def split_bundled_videos(items: list) -> list:
     return out
 
 
-def prune_video_layout(output, pruning_rate: float, spatial_merge_size: int, video_token_id: int):
+def prune_video_layout(output, pruning: Pruning, spatial_merge_size: int, video_token_id: int):
     """Shorten every video of an SGLang `MultimodalProcessorOutput` to its pruned length, in place.
 
     Returns the list of PrunedVideo (token counts before/after), one per video.
@@ -77,12 +79,11 @@ def prune_video_layout(output, pruning_rate: float, spatial_merge_size: int, vid
         grid = [int(x) for x in item.video_grid_thw.reshape(-1, 3)[0]]
         start, end = item.offsets[0][0], item.offsets[-1][1] + 1
         region_ids = ids[start:end].clone()
-        keep[start:end] = region_keep(
-            region_ids, video_token_id, canonical_keep_mask(grid, spatial_merge_size, pruning_rate)
-        )
         t, h, w = grid[0], grid[1] // spatial_merge_size, grid[2] // spatial_merge_size
-        kept = retained_token_count(h * w, t, pruning_rate)
-        item.set(RATE, pruning_rate)
+        kept = pruning.method.retained_token_count(h * w, t, pruning.rate)
+        keep[start:end] = region_keep(region_ids, video_token_id, canonical_keep_mask(grid, spatial_merge_size, kept))
+        item.set(METHOD, pruning.method.name)
+        item.set(RATE, pruning.rate)
         item.set(REGION_IDS, region_ids)
         item.set(REGION_POSITIONS, positions[:, start:end].clone())
         item.set(VIDEO_TOKENS, (t * h * w, kept))
@@ -97,8 +98,8 @@ def prune_video_layout(output, pruning_rate: float, spatial_merge_size: int, vid
         else:
             item.offsets = [(int(new_index[s]), int(new_index[e])) for s, e in item.offsets]
     for item in videos:
-        item.set_pad_value()  # content hash of the pixels, then folded with the rate
-        item.set_hash(rate_aware_hash(item.hash, pruning_rate))
+        item.set_pad_value()  # content hash of the pixels, then folded with the method and rate
+        item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, pruning.rate))
 
     pruned = int((~keep).sum())
     output.input_ids = ids[keep].tolist()

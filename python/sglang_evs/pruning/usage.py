@@ -1,4 +1,5 @@
-"""What EVS saved, per request (client-visible meta info) and per server (Prometheus counters).
+"""What pruning saved, per request (client-visible meta info) and per server (Prometheus counters
+labelled by method).
 
 The processor runs in the tokenizer-manager process, which also builds each
 response's meta info, so a request's counts are handed over in this process.
@@ -6,22 +7,32 @@ response's meta info, so a request's counts are handed over in this process.
 
 from collections import OrderedDict
 
+from sglang_evs.evs import PRUNING_RATE_SETTING
+from sglang_evs.pruning.settings import Pruning
+
 _by_request: OrderedDict[str, dict] = OrderedDict()
 _MAX_PENDING = 4096
 _counters = None
 
 
-def record_usage(rid, pruning_rate: float, videos) -> None:
+def usage_fields(pruning: Pruning, before: int, after: int) -> dict:
+    """The meta-info fields of one request: method, its setting as given, q, and the token counts."""
+    return {
+        "video_pruning_method": pruning.method.name,
+        PRUNING_RATE_SETTING: pruning.rate,
+        pruning.method.setting: pruning.setting_value,  # the retention ratio, for VidCom2
+        "video_tokens_before_pruning": before,
+        "video_tokens_after_pruning": after,
+    }
+
+
+def record_usage(rid, pruning: Pruning, videos) -> None:
     before, after = sum(v.before for v in videos), sum(v.after for v in videos)
-    _count(before, after, len(videos))
+    _count(pruning.method.name, before, after, len(videos))
     if rid is None:
         return
     for one_rid in rid if isinstance(rid, list) else [rid]:
-        _by_request[one_rid] = {
-            "video_pruning_rate": pruning_rate,
-            "video_tokens_before_pruning": before,
-            "video_tokens_after_pruning": after,
-        }
+        _by_request[one_rid] = usage_fields(pruning, before, after)
         while len(_by_request) > _MAX_PENDING:
             _by_request.popitem(last=False)
 
@@ -39,16 +50,16 @@ async def add_usage_to_meta_info(upstream, manager, recv_obj, *args, **kwargs):
     return result
 
 
-def _count(before: int, after: int, videos: int) -> None:
+def _count(method: str, before: int, after: int, videos: int) -> None:
     global _counters
     if _counters is None:
         from prometheus_client import Counter
 
         _counters = (
-            Counter("sglang_evs_video_tokens_before_pruning", "Video tokens before EVS pruning"),
-            Counter("sglang_evs_video_tokens_after_pruning", "Video tokens after EVS pruning"),
-            Counter("sglang_evs_pruned_videos", "Videos pruned by EVS"),
+            Counter("sglang_evs_video_tokens_before_pruning", "Video tokens before pruning", ["method"]),
+            Counter("sglang_evs_video_tokens_after_pruning", "Video tokens after pruning", ["method"]),
+            Counter("sglang_evs_pruned_videos", "Videos pruned", ["method"]),
         )
-    _counters[0].inc(before)
-    _counters[1].inc(after)
-    _counters[2].inc(videos)
+    _counters[0].labels(method=method).inc(before)
+    _counters[1].labels(method=method).inc(after)
+    _counters[2].labels(method=method).inc(videos)

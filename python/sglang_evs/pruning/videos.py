@@ -4,7 +4,7 @@ A model adapter owns one `PrunedVideos` and routes two things through it:
   - `get_video_feature(items)` -> `PrunedVideos.features(items)`: the batch's videos go
     through the model's own vision tower together (in groups bounded by
     `encoder_patch_budget`), one keep-mask per pruned video is computed on the rows the
-    tower returned (every column, so deepstack levels score too), and a pruned video comes
+    tower returned by the item's method (every column, so deepstack levels score too), and a pruned video comes
     back as its filled region: kept rows at the pad slots, the text embedding of any framing
     tokens between groups (zero in the extra columns) elsewhere;
   - its `post_process` calls `write_positions(layout, positions)` for the positions the
@@ -20,9 +20,10 @@ from collections.abc import Callable
 import torch
 
 from sglang_evs import trace
-from sglang_evs.evs import PRUNING_RATE_SETTING, retention_mask, validate_pruning_rate
+from sglang_evs.evs import METHODS
 from sglang_evs.multimodal.contract import BatchLayout
-from sglang_evs.pruning.fields import RATE, REGION_IDS, REGION_POSITIONS, is_pruned, region_keep
+from sglang_evs.pruning.fields import METHOD, RATE, REGION_IDS, REGION_POSITIONS, is_pruned, region_keep
+from sglang_evs.pruning.settings import server_pruning
 
 
 def encoder_patch_budget(device: torch.device) -> int:
@@ -41,11 +42,11 @@ def encoder_patch_budget(device: torch.device) -> int:
 
 
 class PrunedVideos:
-    MASKS_KEPT = 4096  # keep-masks by item hash (video and rate): small bool tensors
+    MASKS_KEPT = 4096  # keep-masks by item hash (video, method and rate): small bool tensors
 
     def __init__(self, config, embed_tokens: torch.nn.Embedding, encode: Callable[[list], torch.Tensor]) -> None:
         """`encode(items)`: the model's upstream video getter, [sum of items' merged tokens, width]."""
-        validate_pruning_rate(getattr(config, PRUNING_RATE_SETTING, 0.0))  # fail at startup, naming it
+        server_pruning(config)  # an invalid setting fails at startup, naming it
         self.video_token_id = config.video_token_id
         self.spatial_merge_size = config.vision_config.spatial_merge_size
         self.embed_tokens = embed_tokens
@@ -65,7 +66,8 @@ class PrunedVideos:
                 out.append(rows)
                 continue
             grid = item.video_grid_thw.reshape(-1, 3)[0].tolist()
-            mask = retention_mask(rows, grid, merge, item.model_specific_data[RATE])
+            method = METHODS[item.model_specific_data[METHOD]]
+            mask = method.retention_mask(rows, grid, merge, item.model_specific_data[RATE])
             self._remember(item.hash, mask)
             out.append(self._fill_region(item, rows, mask))
         return out

@@ -64,3 +64,15 @@ def _generation(out: dict) -> Generation:
 
 def flush_cache(base_url: str) -> None:
     requests.post(f"{base_url}/flush_cache", timeout=60).raise_for_status()
+
+
+def pruning_metrics(base_url: str) -> dict[tuple[str, str], float]:
+    """The plugin's Prometheus counters: (name without `sglang_evs_` and `_total`, method) -> value."""
+    counters = {}
+    for line in requests.get(f"{base_url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("sglang_evs_") and "_total{" in line:
+            name, rest = line[len("sglang_evs_") :].split("_total{", 1)
+            labels, value = rest.rsplit("} ", 1)
+            method = dict(pair.split("=", 1) for pair in labels.split(","))["method"].strip('"')
+            counters[name, method] = float(value)
+    return counters

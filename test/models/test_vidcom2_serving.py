@@ -1,0 +1,147 @@
+"""VidCom2 served beside EVS on the tiny Qwen3-VL (float32): its counts, an HF oracle with its mask,
+chunking and radix hits, cache keys apart from EVS's, counts by method, bad settings.
+
+The server's default is VidCom2 at `video_retention_ratio` 0.5; requests choose either method
+with `mm_processor_kwargs`.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs, pruning_metrics
+from sglang_evs.testing.server import running_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
+from test_evs_serving import assert_chunks_equal, hf_pruned_greedy, served_in_chunks  # noqa: E402
+from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402  (the oracle written here)
+
+SERVER_RATIO = 0.5
+GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -> 4 groups of 10x10
+SERVER_ARGS = ["--dtype", "float32", "--json-model-override-args", f'{{"video_retention_ratio": {SERVER_RATIO}}}']
+
+
+def vidcom2_count(ratio: float) -> int:
+    """vLLM's rule written out: q = 1 - ratio, then max(T, int(T * tpf * (1 - q)))."""
+    return max(GROUPS, min(int(GROUPS * TOKENS_PER_GROUP * (1 - (1 - ratio))), GROUPS * TOKENS_PER_GROUP))
+
+
+def ratio(r) -> dict:
+    return {"mm_processor_kwargs": {"video_retention_ratio": r}}
+
+
+def evs_rate(q) -> dict:
+    return {"mm_processor_kwargs": {"video_pruning_rate": q}}
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("vidcom2_clips")
+    return {
+        kind: media.write_clip(out / f"{kind}.mp4", kind, num_frames=16, fps=4, seed=5)
+        for kind in ("moving", "noise", "static")
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("vidcom2_server") / "server.log"
+    with running_server(tiny_model_dir, log, [*SERVER_ARGS, "--enable-metrics"]) as running:
+        yield running
+
+
+def video_request(server, clip, **extra):
+    return generate(server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **extra)[0]
+
+
+@pytest.mark.parametrize("r", [1.0, 0.75, 0.5, 0.25, 0.1, 0.005])
+def test_prompt_tokens_follow_the_vidcom2_count(server, clips, r):
+    unpruned = video_request(server, clips["moving"], **evs_rate(0.0))
+    served = video_request(server, clips["moving"], **ratio(r))
+    assert served.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - vidcom2_count(r))
+    assert served.meta["video_tokens"] == vidcom2_count(r)
+
+
+def test_server_default_is_vidcom2_and_a_request_may_choose_evs(server, clips):
+    default = video_request(server, clips["static"])
+    assert default.meta["video_pruning_method"] == "vidcom2"
+    assert default.meta["video_tokens"] == vidcom2_count(SERVER_RATIO)
+    evs = video_request(server, clips["static"], **evs_rate(0.9))
+    assert evs.meta["video_pruning_method"] == "evs"
+    assert evs.meta["video_tokens"] == max(TOKENS_PER_GROUP, int(GROUPS * TOKENS_PER_GROUP * (1 - 0.9)))
+
+
+def test_what_was_pruned_is_counted_by_method(server, clips):
+    before = pruning_metrics(server.base_url)
+    vidcom2 = video_request(server, clips["noise"], **ratio(0.25))
+    evs = video_request(server, clips["noise"], **evs_rate(0.5))
+    after = pruning_metrics(server.base_url)
+    assert {k: v for k, v in vidcom2.meta.items() if k.startswith("video_")} == {
+        "video_pruning_method": "vidcom2",
+        "video_retention_ratio": 0.25,
+        "video_pruning_rate": 0.75,
+        "video_tokens_before_pruning": GROUPS * TOKENS_PER_GROUP,
+        "video_tokens_after_pruning": vidcom2_count(0.25),
+        "video_tokens": vidcom2_count(0.25),
+    }
+    assert evs.meta["video_pruning_method"] == "evs" and "video_retention_ratio" not in evs.meta
+    for method, reply in (("vidcom2", vidcom2), ("evs", evs)):
+        for name in ("video_tokens_before_pruning", "video_tokens_after_pruning"):
+            assert after[name, method] - before.get((name, method), 0.0) == reply.meta[name], (method, name)
+        assert after["pruned_videos", method] - before.get(("pruned_videos", method), 0.0) == 1
+
+
+def test_evs_and_vidcom2_at_the_same_rate_share_no_cached_video(server, tmp_path):
+    clip = media.write_clip(tmp_path / "unseen.mp4", "noise", num_frames=16, fps=4, seed=12)  # not cached yet
+    first = video_request(server, clip, **ratio(0.25))
+    again = video_request(server, clip, **ratio(0.25))
+    evs = video_request(server, clip, **evs_rate(0.75))  # the same q = 0.75 and the same kept count
+    assert evs.prompt_tokens == first.prompt_tokens
+    assert again.cached_tokens >= first.prompt_tokens - 1
+    assert evs.cached_tokens < 20  # only the text before the video
+
+
+@pytest.mark.parametrize("r", [0.5, 0.25])
+@pytest.mark.parametrize("clip", ["noise", "moving"])
+def test_greedy_tokens_equal_hf_oracle_with_the_vidcom2_mask(server, tiny_model_dir, clips, r, clip):
+    expected, prompt_len = hf_pruned_greedy(tiny_model_dir, clips[clip], 1 - r, keep_mask=vidcom2_keep_mask)
+    served = video_request(server, clips[clip], **ratio(r))
+    assert served.prompt_tokens == prompt_len
+    assert served.output_ids == expected
+
+
+def test_chunked_prefill_and_radix_hits_equal_single_chunk(server, tiny_model_dir, clips, media_dir, tmp_path):
+    """Against the module's server (one chunk); chunks cut inside groups and on framing tokens."""
+    cases = [
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
+        (chat_prompt(IMAGE, VIDEO, VIDEO),
+         media_kwargs(images=[media_dir / "image.png"], videos=[clips["noise"], clips["moving"]])),
+    ]  # fmt: skip
+    flush_cache(server.base_url)
+    reference = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
+    results = served_in_chunks(tiny_model_dir, cases, (7, 50), SERVER_ARGS, tmp_path)
+    assert_chunks_equal(results, reference, "VidCom2")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"video_retention_ratio": 0}, "video_retention_ratio must be a number in (0, 1], got 0"),
+        ({"video_retention_ratio": 1.5}, "video_retention_ratio must be a number in (0, 1], got 1.5"),
+        ({"video_retention_ratio": "half"}, "video_retention_ratio must be a number in (0, 1], got 'half'"),
+        ({"video_retention_ratio": 0.5, "video_pruning_rate": 0.5}, "not both"),
+    ],
+)
+def test_bad_settings_get_400_and_the_server_keeps_serving(server, clips, settings, message):
+    good = video_request(server, clips["moving"])
+    body = {
+        "text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], "mm_processor_kwargs": settings,
+        "sampling_params": {"max_new_tokens": 2},
+    }  # fmt: skip
+    reply = requests.post(f"{server.base_url}/generate", json=body, timeout=120)
+    assert reply.status_code == 400 and message in reply.text, reply.text
+    assert video_request(server, clips["moving"]).output_ids == good.output_ids
