@@ -14,7 +14,6 @@ the language model's launch overhead is what a graph removes.
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -22,23 +21,7 @@ from pathlib import Path
 
 import requests
 
-# Two-sided 95 % Student t quantiles by degrees of freedom (1..30); the normal 1.96 beyond.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)  # fmt: skip
-
-
-def geometric_interval(ratios: list[float]) -> dict:
-    """Per-pair ratios -> geometric mean and its 95 % interval (t interval of the log ratios)."""
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return {"geometric_mean": math.exp(mean), "low": None, "high": None, "pairs": len(logs)}
-    half = (T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96) * statistics.stdev(logs) / math.sqrt(
-        len(logs)
-    )
-    return {"geometric_mean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
-            "pairs": len(logs)}  # fmt: skip
+from sglang_evs.bench.ratios import geometric_interval
 
 
 def streamed_ttft_ms(base_url: str, body: dict) -> float:

@@ -88,7 +88,10 @@ def test_plot_writes_png(tmp_path):
     for row in rows:
         row["reference_tokens"] = 1.0
     rows[0]["image"] = video(10.0, 80.0)
-    path = report.plot_sweep({"rows": rows}, tmp_path / "p.png")
+    for row in rows:
+        row["method"] = "evs" if row["rate"] else "none"
+    vidcom2 = [{**row, "method": "vidcom2"} for row in rows[1:]]
+    path = report.plot_sweep({"rows": rows + vidcom2, "methods": ["evs", "vidcom2"]}, tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -97,18 +100,29 @@ def test_launch_helpers():
     assert not on_cpu(["--device", "cuda"]) and not on_cpu(["--device=cuda"])
     assert rate_args(None) == []
     assert json.loads(rate_args(0.75)[1]) == {"video_pruning_rate": 0.75}
+    assert json.loads(rate_args(0.75, "vidcom2")[1]) == {"video_retention_ratio": 0.25}
+
+
+def test_method_comparison_report():
+    result = {"mode": "methods", "rate": 0.75, "methods": ["evs", "vidcom2"],
+              "tokens": {"evs": [200, 210], "vidcom2": [200, 210]},
+              "latency_ratio": {"geometric_mean": 1.01, "low": 0.97, "high": 1.05, "pairs": 2}}  # fmt: skip
+    text = report.report(result)
+    assert "prompt tokens evs 205, vidcom2 205" in text and "1.010 (95 % interval 0.970-1.050, 2 pairs)" in text
 
 
 def test_end_to_end_sweep_two_rates(tiny_model_dir, tmp_path):
     start = time.monotonic()
     cmd = [sys.executable, str(REPO / "benchmark/evs_sweep.py"), "--model", str(tiny_model_dir), "--out",
            str(tmp_path), "--rates", "0", "0.5", "--num-prompts", "2", "--image-prompts", "1", "--prefill-reps", "1",
-           "--seconds", "2"]  # fmt: skip
+           "--seconds", "2", "--methods", "evs", "vidcom2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "results.json").read_text())
-    q0, q5 = result["rows"]
-    assert (q0["rate"], q5["rate"]) == (0.0, 0.5)
+    q0, q5, vidcom2 = result["rows"]
+    assert [(r["method"], r["rate"]) for r in result["rows"]] == [("none", 0.0), ("evs", 0.5), ("vidcom2", 0.5)]
+    assert vidcom2["video"]["completed"] == 2 and "image" not in vidcom2
+    assert vidcom2["video"]["mean_prompt_tokens"] < q0["video"]["mean_prompt_tokens"]
     for row in (q0, q5):
         assert row["video"]["completed"] == 2 and row["video"]["mean_prompt_tokens"] > 100
         assert row["image"]["completed"] == 1 and row["prefill_ms"] > 0

@@ -77,3 +77,10 @@ def test_mask_keeps_the_announced_count(name: str) -> None:
         x = torch.randn(t * h * w, 16).to(rng.choice([torch.float32, torch.bfloat16]))
         mask = method.retention_mask(x, (t, h * m, w * m), m, q)
         assert int(mask.sum()) == method.retained_token_count(h * w, t, q)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.75, 0.9])
+def test_setting_value_inverts_pruning_rate(q: float) -> None:
+    for method in METHODS.values():
+        assert method.pruning_rate(method.setting_value(q)) == pytest.approx(q, abs=1e-12)
+    assert VIDCOM2.setting_value(0.75) == 0.25 and EVS.setting_value(0.75) == 0.75

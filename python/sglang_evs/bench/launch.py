@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from sglang_evs.bench.measure import pruning_setting
 from sglang_evs.testing.server import RunningServer, running_server
 
 
@@ -26,11 +27,11 @@ def on_cpu(server_args: Sequence[str]) -> bool:
     return True
 
 
-def rate_args(pruning_rate: float | None) -> list[str]:
-    """Server arguments that set EVS's ``video_pruning_rate`` (none for None)."""
+def rate_args(pruning_rate: float | None, method: str = "evs") -> list[str]:
+    """Server arguments that prune every video at ``pruning_rate`` with ``method`` (none for None)."""
     if pruning_rate is None:
         return []
-    return ["--json-model-override-args", json.dumps({"video_pruning_rate": pruning_rate})]
+    return ["--json-model-override-args", json.dumps(pruning_setting(pruning_rate, method))]
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from pathlib import Path
 import requests
 
 from sglang_evs.bench.ratios import summarize_bench
+from sglang_evs.evs import METHODS
 
 DEFAULT_RATES = (0.0, 0.25, 0.5, 0.75, 0.9)
 TEXT_TOKEN_RANGE = (10, 300)  # ordinary (non-special) token ids in the tiny tokenizer and in Qwen's
@@ -54,9 +55,16 @@ def run_bench_serving(
     return record
 
 
-def per_request_rate(rate: float) -> dict:
-    """Request-body fields that set EVS's pruning rate for one request (overriding the server's)."""
-    return {"mm_processor_kwargs": {"video_pruning_rate": rate}}
+def pruning_setting(rate: float, method: str = "evs") -> dict:
+    """The setting that prunes at ``rate`` with ``method``: ``{"video_pruning_rate": q}`` (EVS) or
+    ``{"video_retention_ratio": 1 - q}`` (VidCom2)."""
+    chosen = METHODS[method]
+    return {chosen.setting: chosen.setting_value(rate)}
+
+
+def per_request_rate(rate: float, method: str = "evs") -> dict:
+    """Request-body fields that prune one request at ``rate`` with ``method`` (overriding the server's)."""
+    return {"mm_processor_kwargs": pruning_setting(rate, method)}
 
 
 def video_bench(
@@ -94,10 +102,10 @@ def warm_up(base_url: str, out_dir: Path, dataset: Path) -> None:
         requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
 
 
-def timed_video_request(base_url: str, line: dict, rate: float) -> tuple[float, int]:
+def timed_video_request(base_url: str, line: dict, rate: float, method: str = "evs") -> tuple[float, int]:
     """One dataset line at ``rate``, one output token, not streamed -> (latency ms, prompt tokens)."""
     body = {"model": "default", "messages": line["messages"], "max_tokens": 1, "temperature": 0,
-            **per_request_rate(rate)}  # fmt: skip
+            **per_request_rate(rate, method)}  # fmt: skip
     start = time.perf_counter()
     response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
     response.raise_for_status()

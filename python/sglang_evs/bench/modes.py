@@ -18,7 +18,7 @@ from sglang_evs.bench.measure import (
     video_bench,
     warm_up,
 )
-from sglang_evs.bench.ratios import add_ratios, paired_ideal, paired_ratio, reference_tokens
+from sglang_evs.bench.ratios import add_ratios, geometric_interval, paired_ideal, paired_ratio, reference_tokens
 
 
 def sweep(
@@ -30,27 +30,31 @@ def sweep(
     image_prompts: int = 2,
     prefill_reps: int = 3,
     server_args: Sequence[str] = (),
+    methods: Sequence[str] = ("evs",),
 ) -> dict:
-    """TTFT and prompt tokens vs pruning rate in one server; images at q=0 and max q.
+    """TTFT and prompt tokens vs pruning rate, per method, in one server; images at q=0 and max q.
 
-    Each rate is a per-request setting (``mm_processor_kwargs.video_pruning_rate``) on one server
-    started without one: on the 2-core CPU machine, TTFT differs by up to 20 % from one server start
-    to the next, more than the effects measured here. No rate reuses another's vision features, since
-    the item hash folds in the rate. (The server-wide setting serves ``--load`` and the tests.)
+    Each (method, rate) is a per-request setting (``mm_processor_kwargs``) on one server started
+    without one: on the 2-core CPU machine, TTFT differs by up to 20 % from one server start
+    to the next, more than the effects measured here. No (method, rate) reuses another's vision
+    features, since the item hash folds in both. q = 0 is one row (no method prunes at 0).
+    (The server-wide setting serves ``--load`` and the tests.)
     """
     from tqdm import tqdm
 
-    rates = sorted(set(rates) | {0.0})
+    points = [("evs", 0.0)] + [(m, q) for q in sorted(set(rates) - {0.0}) for m in methods]
+    qmax = max(q for _, q in points)
     rows = []
     with serving(model, out_dir / "server-sweep.log", server_args) as server:
         warm_up(server.base_url, out_dir, dataset)
-        for i, rate in enumerate(tqdm(rates, desc="pruning rates", unit="rate")):
-            body = per_request_rate(rate)
-            row = {"rate": rate}
-            row["video"] = video_bench(server.base_url, dataset, out_dir / f"video-q{rate}.jsonl", num_prompts, 1, body)
-            if rate in (0.0, max(rates)):
-                row["image"] = image_bench(server.base_url, out_dir / f"image-q{rate}.jsonl", image_prompts, body)
-            # a seed per rate: ids drawn from one seed would be prefixes of each other, hence cache hits
+        for i, (method, rate) in enumerate(tqdm(points, desc="methods x rates", unit="point")):
+            body = per_request_rate(rate, method)
+            row = {"method": method if rate else "none", "rate": rate}
+            name = f"{method}-q{rate}" if rate else "q0"
+            row["video"] = video_bench(server.base_url, dataset, out_dir / f"video-{name}.jsonl", num_prompts, 1, body)
+            if rate in (0.0, qmax) and method == methods[0]:
+                row["image"] = image_bench(server.base_url, out_dir / f"image-{name}.jsonl", image_prompts, body)
+            # a seed per point: ids drawn from one seed would be prefixes of each other, hence cache hits
             tokens = round(row["video"]["mean_prompt_tokens"])
             row["prefill_ms"] = prefill_ms(server.base_url, tokens, prefill_reps, seed=i)
             rows.append(row)
@@ -59,14 +63,14 @@ def sweep(
     tokens0 = rows[0]["video"]["mean_prompt_tokens"]
     for row in rows:
         row["reference_tokens"] = reference_tokens(tokens0, text_tokens, row["rate"])
-    qmax = rows[-1]
+    with_images = [r for r in rows if "image" in r]
     image_ratio = {
-        "tokens": qmax["image"]["mean_prompt_tokens"] / rows[0]["image"]["mean_prompt_tokens"],
-        "ttft": qmax["image"]["mean_ttft_ms"] / rows[0]["image"]["mean_ttft_ms"],
+        "tokens": with_images[-1]["image"]["mean_prompt_tokens"] / rows[0]["image"]["mean_prompt_tokens"],
+        "ttft": with_images[-1]["image"]["mean_ttft_ms"] / rows[0]["image"]["mean_ttft_ms"],
     }
     evs_active = any(r["video"]["mean_prompt_tokens"] < tokens0 for r in rows[1:])
-    return {"mode": "sweep", "encoder_ms": enc, "text_tokens": text_tokens, "rows": rows,
-            "image_qmax_vs_q0": image_ratio, "evs_active": evs_active}  # fmt: skip
+    return {"mode": "sweep", "methods": list(methods), "encoder_ms": enc, "text_tokens": text_tokens,
+            "rows": rows, "image_qmax_vs_q0": image_ratio, "evs_active": evs_active}  # fmt: skip
 
 
 def load(
@@ -137,3 +141,33 @@ def overhead(
             runs[name].append(summary)
     pairs = [(p["mean_ttft_ms"], u["mean_ttft_ms"]) for p, u in zip(runs["plugin"], runs["upstream"], strict=True)]
     return {"mode": "overhead", "runs": runs, "plugin_over_upstream_ttft": paired_ratio(pairs)}
+
+
+def compare_methods(
+    model: str,
+    dataset: Path,
+    out_dir: Path,
+    rate: float = 0.75,
+    num_prompts: int = 8,
+    server_args: Sequence[str] = (),
+    methods: Sequence[str] = ("evs", "vidcom2"),
+) -> dict:
+    """The same clips pruned at ``rate`` by two methods, interleaved in one server: per clip, one
+    request per method (order alternating), each right after a cache flush; one-token latency
+    (not streamed) and prompt tokens. The ratio ``first/second`` per clip, with its interval."""
+    from tqdm import tqdm
+
+    first, second = methods
+    lines = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()][:num_prompts]
+    samples: dict[str, list[dict]] = {first: [], second: []}
+    with serving(model, out_dir / "server-methods.log", server_args) as server:
+        warm_up(server.base_url, out_dir, dataset)
+        for i, line in enumerate(tqdm(lines, desc="clips", unit="clip")):
+            for method in (first, second) if i % 2 == 0 else (second, first):
+                requests.post(f"{server.base_url}/flush_cache", timeout=600).raise_for_status()
+                latency, tokens = timed_video_request(server.base_url, line, rate, method)
+                samples[method].append({"latency_ms": latency, "tokens": tokens})
+    pairs = [(a["latency_ms"], b["latency_ms"]) for a, b in zip(samples[first], samples[second], strict=True)]
+    return {"mode": "methods", "rate": rate, "methods": [first, second], "samples": samples,
+            "tokens": {m: [s["tokens"] for s in samples[m]] for m in methods},
+            "latency_ratio": {**paired_ratio(pairs), **geometric_interval([a / b for a, b in pairs])}}  # fmt: skip

@@ -4,26 +4,29 @@ from pathlib import Path
 
 
 def plot_sweep(result: dict, path: Path) -> Path:
-    """PNG: mean video TTFT (measured, ideal) and prompt tokens (reported, reference) vs pruning rate."""
+    """PNG: mean video TTFT (measured, ideal) against prompt tokens, and prompt tokens against the
+    pruning rate, one line per method (each starts at the shared q = 0 point)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
-    q = [r["rate"] for r in rows]
-    fig, (ax_t, ax_n) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_t.plot(q, [r["video"]["mean_ttft_ms"] for r in rows], "o-", label="measured (video)")
-    ax_t.plot(q, [r["ideal_ttft_ms"] for r in rows], "--", label="ideal: E + P(tokens at q)")
-    images = [r for r in rows if "image" in r]
-    ax_t.plot([r["rate"] for r in images], [r["image"]["mean_ttft_ms"] for r in images], "s", label="image")
-    ax_t.set(xlabel="video_pruning_rate q", ylabel="mean TTFT (ms)", title="time to first token")
-    ax_n.plot(q, [r["video"]["mean_prompt_tokens"] for r in rows], "o-", label="server-reported (video)")
-    ax_n.plot(q, [r["reference_tokens"] for r in rows], "--", label="text + (1-q) video")
-    ax_n.plot([r["rate"] for r in images], [r["image"]["mean_prompt_tokens"] for r in images], "s", label="image")
-    ax_n.set(xlabel="video_pruning_rate q", ylabel="prompt tokens per request", title="prompt tokens")
+    base = rows[0]
+    fig, (ax_t, ax_n) = plt.subplots(1, 2, figsize=(11, 4))
+    for method in result.get("methods", ["evs"]):
+        line = [base, *(r for r in rows if r["method"] == method)]
+        tokens = [r["video"]["mean_prompt_tokens"] for r in line]
+        ax_t.plot(tokens, [r["video"]["mean_ttft_ms"] for r in line], "o-", label=f"{method}: measured")
+        ax_t.plot(tokens, [r["ideal_ttft_ms"] for r in line], "--", label=f"{method}: ideal E + P(tokens)")
+        ax_n.plot([r["rate"] for r in line], tokens, "o-", label=f"{method}: server-reported")
+    ax_t.set(xlabel="prompt tokens per video request (kept tokens + text)", ylabel="mean TTFT (ms)",
+             title="time to first token")  # fmt: skip
+    ax_n.plot([r["rate"] for r in rows], [r["reference_tokens"] for r in rows], "k:", label="text + (1-q) video")
+    ax_n.set(xlabel="pruning rate q (VidCom2: 1 - retention ratio)", ylabel="prompt tokens per request",
+             title="prompt tokens")  # fmt: skip
     for ax in (ax_t, ax_n):
-        ax.legend()
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -36,12 +39,12 @@ def report(result: dict) -> str:
     lines = []
     if result["mode"] == "sweep":
         lines.append(f"E (non-LM part of TTFT at q=0) = {result['encoder_ms']:.1f} ms")
-        lines.append("q      tokens  tok/q0  TTFT ms  TTFT/q0  ideal ms  measured/ideal")
+        lines.append("method   q      tokens  tok/q0  TTFT ms  TTFT/q0  ideal ms  measured/ideal")
         for r in result["rows"]:
             v = r["video"]
-            lines.append(f"{r['rate']:<6} {v['mean_prompt_tokens']:<7.0f} {r['tokens_vs_q0']:<7.3f} "
-                         f"{v['mean_ttft_ms']:<8.1f} {r['ttft_vs_q0']:<8.3f} {r['ideal_ttft_ms']:<9.1f} "
-                         f"{r['measured_over_ideal']:.3f}")  # fmt: skip
+            lines.append(f"{r.get('method', 'evs'):<8} {r['rate']:<6} {v['mean_prompt_tokens']:<7.0f} "
+                         f"{r['tokens_vs_q0']:<7.3f} {v['mean_ttft_ms']:<8.1f} {r['ttft_vs_q0']:<8.3f} "
+                         f"{r['ideal_ttft_ms']:<9.1f} {r['measured_over_ideal']:.3f}")  # fmt: skip
         im = result["image_qmax_vs_q0"]
         lines.append(f"images, max q vs q=0: tokens {im['tokens']:.3f}, TTFT {im['ttft']:.3f}")
         if not result["evs_active"]:
@@ -59,6 +62,13 @@ def report(result: dict) -> str:
                      f"{mq['prefill_ms']:.0f} ms")  # fmt: skip
         lines.append(f"E {result['encoder_ms']:.0f} ms, ideal {result['ideal_ms']:.0f} ms, measured/ideal "
                      f"{result['measured_over_ideal']:.3f}, TTFT vs q=0 {result['ttft_vs_q0']:.3f}")  # fmt: skip
+    elif result["mode"] == "methods":
+        first, second = result["methods"]
+        ratio = result["latency_ratio"]
+        tokens = {m: sum(t) / len(t) for m, t in result["tokens"].items()}
+        lines.append(f"q={result['rate']}: prompt tokens {first} {tokens[first]:.0f}, {second} {tokens[second]:.0f}")
+        lines.append(f"one-token latency {first}/{second}: geometric mean {ratio['geometric_mean']:.3f} "
+                     f"(95 % interval {ratio['low']:.3f}-{ratio['high']:.3f}, {ratio['pairs']} pairs)")  # fmt: skip
     else:
         ratio = result["plugin_over_upstream_ttft"]
         per_pair = ", ".join(f"{x:.3f}" for x in ratio["per_pair"])

@@ -1,4 +1,4 @@
-"""EVS serving benchmarks: TTFT and prompt tokens vs pruning rate, load, and plugin overhead.
+"""Pruning serving benchmarks: TTFT and prompt tokens vs rate per method, load, and plugin overhead.
 
 Driven by ``benchmark/evs_sweep.py`` (the CLI). Each measurement launches a server
 (``launch.serving``) and runs ``sglang.bench_serving`` against it as a subprocess, reading its
@@ -17,7 +17,7 @@ Ideal TTFT (sweep mode). In the same server as each rate q:
 If the server reports the same prompt tokens at every rate (EVS not active), ideal(q) ~ TTFT(0).
 
 The code: ``ratios`` (arithmetic), ``measure`` (requests against a server), ``modes`` (sweep,
-load, paired, overhead), ``report`` (text and plot); this module is the command line.
+load, paired, overhead, compare_methods), ``report`` (text and plot); this module is the command line.
 """
 
 import json
@@ -26,8 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sglang_evs.bench.measure import DEFAULT_RATES
-from sglang_evs.bench.modes import load, overhead, paired, sweep
+from sglang_evs.bench.modes import compare_methods, load, overhead, paired, sweep
 from sglang_evs.bench.report import plot_sweep, report
+from sglang_evs.evs import METHODS
 
 
 def cached_model(
@@ -68,6 +69,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     mode.add_argument("--load", action="store_true", help="--concurrency requests at once, --load-rates")
     mode.add_argument("--overhead", action="store_true", help="q=0 TTFT with the plugin vs SGLANG_PLUGINS=none")
     mode.add_argument("--paired", type=float, metavar="Q", help="the ideal at rate Q, interleaved with q=0")
+    mode.add_argument("--compare-methods", type=float, metavar="Q",
+                      help="EVS vs VidCom2 at rate Q on the same clips, interleaved")  # fmt: skip
+    parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=["evs"],
+                        help="sweep: the pruning methods, each at every --rates")  # fmt: skip
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
     parser.add_argument("--load-rates", type=float, nargs="+", default=[0.0, 0.75])
     parser.add_argument("--concurrency", type=int, default=16)
@@ -95,13 +100,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )  # fmt: skip
     if args.load:
         result = load(model, dataset, out, args.load_rates, args.concurrency, server_args)
+    elif args.compare_methods is not None:
+        result = compare_methods(model, dataset, out, args.compare_methods, args.num_prompts, server_args)
     elif args.paired is not None:
         result = paired(model, dataset, out, args.paired, args.num_prompts, server_args)
     elif args.overhead:
         result = overhead(model, dataset, out, args.rounds, args.num_prompts, server_args)
     else:
         result = sweep(model, dataset, out, args.rates, args.num_prompts, args.image_prompts, args.prefill_reps,
-                       server_args)  # fmt: skip
+                       server_args, args.methods)  # fmt: skip
         result["plot"] = str(plot_sweep(result, out / "sweep.png"))
     result["setup"] = {"model": model, "profile": None if args.model else args.profile,
                        "architecture": None if args.model else args.architecture, "dataset": str(dataset),

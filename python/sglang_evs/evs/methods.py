@@ -45,6 +45,7 @@ class PruningMethod:
         name: ``"evs"`` or ``"vidcom2"``.
         setting: the request / config key that selects the method.
         pruning_rate: the setting's value -> ``q``; raises ValueError naming ``setting``.
+        setting_value: ``q`` -> the setting's value (the inverse of ``pruning_rate``).
         retained_token_count: ``(tokens_per_frame, num_frames, q) -> int``, known before encoding.
         retention_mask: ``(video_embeds [T * h * w, D], grid_thw (T, H, W), spatial_merge_size, q)
             -> [T * h * w] bool`` with exactly ``retained_token_count(h * w, T, q)`` True.
@@ -53,6 +54,7 @@ class PruningMethod:
     name: str
     setting: str
     pruning_rate: Callable[[object], float]
+    setting_value: Callable[[float], float]
     retained_token_count: Callable[[int, int, float], int]
     retention_mask: Callable[[torch.Tensor, GridTHW, int, float], torch.Tensor]
 
@@ -66,10 +68,20 @@ def rate_from_retention_ratio(ratio: object) -> float:
 
 
 EVS = PruningMethod(
-    "evs", PRUNING_RATE_SETTING, validate_pruning_rate, selection.retained_token_count, selection.retention_mask
+    "evs",
+    PRUNING_RATE_SETTING,
+    validate_pruning_rate,
+    lambda q: q,
+    selection.retained_token_count,
+    selection.retention_mask,
 )
 VIDCOM2 = PruningMethod(
-    "vidcom2", RETENTION_RATIO_SETTING, rate_from_retention_ratio, vidcom2.retained_token_count, vidcom2.retention_mask
+    "vidcom2",
+    RETENTION_RATIO_SETTING,
+    rate_from_retention_ratio,
+    lambda q: 1.0 - q,
+    vidcom2.retained_token_count,
+    vidcom2.retention_mask,
 )
 METHODS: dict[str, PruningMethod] = {method.name: method for method in (EVS, VIDCOM2)}
 
