@@ -87,8 +87,8 @@ def test_bad_requests_get_400_and_good_ones_keep_succeeding(tiny_model_dir, bad_
         (bad_media["truncated"], None, "Could not decode"),
         (bad_media["corrupt"], None, "Could not decode"),
         (bad_media["empty"], None, "Could not decode"),
-        (bad_media["one_frame"], None, "nframes"),
-        (bad_media["long"], 0.0, "longer than the model's context length"),  # 451 tokens unpruned
+        (bad_media["one_frame"], None, "video 0 has 1 frame(s); Qwen-VL models need at least 2"),
+        (bad_media["long"], 0.0, "The input (451 tokens) is longer than the model's context length (300 tokens)"),
     ]
     with running_server(tiny_model_dir, tmp_path / "server.log", args) as server:
         reference = chat(server, bad_media["good"]).json()["choices"][0]["message"]["content"]

@@ -16,6 +16,19 @@ from sglang_evs.pruning.usage import record_usage
 
 logger = logging.getLogger(__name__)
 
+FRAMES_PER_GROUP = 2  # Qwen-VL towers encode frames in temporal groups of 2
+
+
+def refuse_too_short_videos(videos: list) -> None:
+    """A clear error for a video the frame sampler cannot take (fewer frames than one temporal group)."""
+    for index, video in enumerate(videos or ()):
+        frames = len(video) if hasattr(video, "__len__") and hasattr(video, "avg_fps") else None
+        if frames is not None and frames < FRAMES_PER_GROUP:
+            raise ValueError(
+                f"video {index} has {frames} frame(s); Qwen-VL models need at least {FRAMES_PER_GROUP} "
+                "(one temporal group): send it as an image instead"
+            )
+
 
 class PruningProcessor(sglang.UpstreamQwenVLProcessor):
     models = upstream_classes()
@@ -32,6 +45,11 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
             self.pruning.method.setting,
             self.pruning.setting_value,
         )
+
+    async def load_mm_data(self, *args, **kwargs):
+        loaded = await super().load_mm_data(*args, **kwargs)
+        refuse_too_short_videos(loaded.videos)
+        return loaded
 
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
         pruning = request_pruning(request_obj, self.pruning)

@@ -37,14 +37,32 @@ def record_usage(rid, pruning: Pruning, videos) -> None:
             _by_request.popitem(last=False)
 
 
+class _OutputsWithUsage(list):
+    """A request state's `out_list` that adds the request's pruning counts to every output appended."""
+
+    def __init__(self, outputs: list, fields: dict) -> None:
+        super().__init__(outputs)
+        self.fields = fields
+
+    def append(self, output) -> None:
+        if isinstance(output, dict) and isinstance(output.get("meta_info"), dict):
+            output["meta_info"].update(self.fields)
+        super().append(output)
+
+
 async def add_usage_to_meta_info(upstream, manager, recv_obj, *args, **kwargs):
-    """AROUND hook on TokenizerManager._handle_batch_output: put each pruned request's counts into
-    the meta info of the output it just produced (usage reaches OpenAI clients from there)."""
+    """AROUND hook on TokenizerManager._handle_batch_output: every output a pruned request gets
+    carries its counts in its meta info (usage reaches OpenAI clients from there).
+
+    The counts go in as upstream appends each output, not after the call: upstream wakes consumers
+    (and yields to them) part-way through a large batch of outputs.
+    """
     states = {rid: manager.rid_to_state.get(rid) for rid in recv_obj.rids if rid in _by_request}
+    for rid, state in states.items():
+        if state is not None:
+            state.out_list = _OutputsWithUsage(state.out_list, _by_request[rid])
     result = await upstream(manager, recv_obj, *args, **kwargs)
     for rid, state in states.items():
-        if state is not None and state.out_list:
-            state.out_list[-1]["meta_info"].update(_by_request[rid])
         if state is None or state.finished:
             _by_request.pop(rid, None)
     return result

@@ -1,0 +1,50 @@
+"""Pruning counts reach the meta info of every output, even when consumers read part-way through a batch."""
+
+import asyncio
+from types import SimpleNamespace
+
+from sglang_evs.evs.methods import EVS, VIDCOM2
+from sglang_evs.pruning import usage
+from sglang_evs.pruning.fields import PrunedVideo
+from sglang_evs.pruning.settings import Pruning
+
+
+def test_usage_fields_name_the_method_and_its_setting():
+    assert usage.usage_fields(Pruning(VIDCOM2, 0.75, 0.25), 400, 100) == {
+        "video_pruning_method": "vidcom2",
+        "video_pruning_rate": 0.75,
+        "video_retention_ratio": 0.25,
+        "video_tokens_before_pruning": 400,
+        "video_tokens_after_pruning": 100,
+    }
+
+
+def test_every_output_carries_the_counts_even_when_consumers_read_mid_batch():
+    """Like SGLang's handler: append an output per request, wake its consumer and yield after each."""
+    rids = ["a", "b", "c"]
+    usage.record_usage(["a", "c"], Pruning(EVS, 0.5, 0.5), [PrunedVideo(400, 200)])
+    states = {rid: SimpleNamespace(out_list=[], finished=rid != "c", event=asyncio.Event()) for rid in rids}
+    manager = SimpleNamespace(rid_to_state=dict(states))
+    seen: dict[str, dict] = {}
+
+    async def consumer(rid):
+        await states[rid].event.wait()
+        seen[rid] = dict(states[rid].out_list[-1]["meta_info"])  # read at once, as a streaming client would
+        states[rid].out_list = []
+
+    async def upstream(manager_, recv_obj):
+        for rid in recv_obj.rids:
+            manager_.rid_to_state[rid].out_list.append({"text": "x", "meta_info": {"id": rid}})
+            manager_.rid_to_state[rid].event.set()
+            await asyncio.sleep(0)
+
+    async def main():
+        readers = [asyncio.create_task(consumer(rid)) for rid in rids]
+        await asyncio.sleep(0)
+        await usage.add_usage_to_meta_info(upstream, manager, SimpleNamespace(rids=rids))
+        await asyncio.gather(*readers)
+
+    asyncio.run(main())
+    assert seen["a"]["video_tokens_after_pruning"] == seen["c"]["video_tokens_after_pruning"] == 200
+    assert seen["b"] == {"id": "b"}  # not pruned: untouched
+    assert "a" not in usage._by_request and "c" in usage._by_request  # kept until the request finishes
