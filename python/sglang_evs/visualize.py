@@ -1,0 +1,118 @@
+"""See what pruning kept: the clip's sampled frames with the pruned tokens' patches dimmed.
+
+    python -m sglang_evs.visualize CLIP --model-path PATH [--rate 0.75] [--method evs|vidcom2] -o kept.png
+
+The frames are sampled as SGLang's Qwen-VL processor samples them, encoded by the checkpoint's own
+vision tower (HF transformers, the same weights the server loads), and scored by the same keep-mask
+the server uses (`evs.METHODS`) on the same rows (`[main | deepstack...]` where the tower has
+deepstack levels). One tile per temporal group (its first frame, at the size the tower saw it),
+one cell per merged token: kept cells framed in green, pruned cells dimmed, and the group's kept
+count above it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sglang_evs.evs import METHODS
+
+KEPT_FRAME = (0, 255, 0)  # the first pixel of every kept cell; pruned cells are dimmed below 64
+DIM = 0.25
+LABEL_HEIGHT = 14
+
+
+@dataclass(frozen=True)
+class KeptTokens:
+    frames: torch.Tensor  # [T, 3, H, W] uint8, the first frame of each temporal group as the tower saw it
+    mask: torch.Tensor  # [T * h * w] bool, group by group, row-major
+    grid: tuple[int, int, int]  # (T, H / patch, W / patch), before merging
+    cell: int  # pixels per merged token side: patch size x merge size
+    merge: int
+
+
+def kept_tokens(model_path: str | Path, clip: str | Path, rate: float, method: str = "evs") -> KeptTokens:
+    """Encode ``clip`` with the checkpoint's vision tower and compute ``method``'s keep-mask at ``rate``."""
+    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
+    from sglang.srt.utils.common import load_video
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_path)
+    model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
+    frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+    # Qwen3-family processors take SGLang's sampling metadata (timestamps); Qwen2-family ones do not
+    qwen3 = model.config.model_type.startswith("qwen3")
+    extra = {"video_metadata": [metadata], "do_sample_frames": False} if qwen3 and metadata is not None else {}
+    inputs = processor.video_processor(videos=[frames], return_tensors="pt", **extra)
+    grid = inputs["video_grid_thw"]
+    vision = model.config.vision_config
+    with torch.no_grad():
+        features = model.model.get_video_features(inputs["pixel_values_videos"], grid)
+    main = torch.cat(list(getattr(features, "pooler_output", features)))
+    levels = [torch.cat(list(level)) for level in getattr(features, "deepstack_features", None) or []]
+    rows = torch.cat([main, *levels], dim=1)
+    mask = METHODS[method].retention_mask(rows, grid[0], vision.spatial_merge_size, rate)
+    t, gh, gw = (int(v) for v in grid[0])
+    resized = torch.nn.functional.interpolate(
+        frames[:: vision.temporal_patch_size][:t].float(), size=(gh * vision.patch_size, gw * vision.patch_size),
+        mode="bilinear", align_corners=False,
+    ).clamp(0, 255).to(torch.uint8)  # fmt: skip
+    return KeptTokens(
+        resized, mask, (t, gh, gw), vision.patch_size * vision.spatial_merge_size, vision.spatial_merge_size
+    )
+
+
+def cell_origin(kept: KeptTokens, group: int, row: int, col: int, columns: int) -> tuple[int, int]:
+    """(x, y) in the picture of the top-left pixel of merged token (row, col) of ``group``."""
+    _, gh, gw = kept.grid
+    tile_w, tile_h = gw // kept.merge * kept.cell, gh // kept.merge * kept.cell + LABEL_HEIGHT
+    x0, y0 = (group % columns) * (tile_w + 4), (group // columns) * (tile_h + 4) + LABEL_HEIGHT
+    return x0 + col * kept.cell, y0 + row * kept.cell
+
+
+def draw(kept: KeptTokens, columns: int = 4):
+    """The picture (PIL image): one tile per group, pruned cells dimmed, kept cells framed."""
+    from PIL import Image, ImageDraw
+
+    t, gh, gw = kept.grid
+    h, w = gh // kept.merge, gw // kept.merge
+    columns = min(columns, t)
+    rows_of_tiles = -(-t // columns)
+    tile_w, tile_h = w * kept.cell, h * kept.cell + LABEL_HEIGHT
+    picture = Image.new("RGB", (columns * (tile_w + 4) - 4, rows_of_tiles * (tile_h + 4) - 4), "white")
+    pen = ImageDraw.Draw(picture)
+    cells = kept.mask.view(t, h, w)
+    for group in range(t):
+        frame = kept.frames[group].permute(1, 2, 0).float()
+        dim = cells[group].repeat_interleave(kept.cell, 0).repeat_interleave(kept.cell, 1)
+        frame = torch.where(dim[..., None], frame, frame * DIM).to(torch.uint8)
+        x0, y0 = cell_origin(kept, group, 0, 0, columns)
+        picture.paste(Image.fromarray(frame.numpy()), (x0, y0))
+        pen.text((x0, y0 - LABEL_HEIGHT), f"group {group}: {int(cells[group].sum())}/{h * w} kept", fill="black")
+        for row, col in cells[group].nonzero().tolist():
+            x, y = cell_origin(kept, group, row, col, columns)
+            pen.rectangle([x, y, x + kept.cell - 1, y + kept.cell - 1], outline=KEPT_FRAME)
+    return picture
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("clip", type=Path)
+    parser.add_argument("--model-path", required=True, help="a supported Qwen VLM checkpoint (tiny or real)")
+    parser.add_argument("--rate", type=float, default=0.75, help="pruning rate q (VidCom2: 1 - retention ratio)")
+    parser.add_argument("--method", choices=sorted(METHODS), default="evs")
+    parser.add_argument("-o", "--output", type=Path, default=Path("kept.png"))
+    args = parser.parse_args(argv)
+    kept = kept_tokens(args.model_path, args.clip, args.rate, args.method)
+    draw(kept).save(args.output)
+    total = kept.mask.numel()
+    print(f"{args.method} at q={args.rate}: kept {int(kept.mask.sum())} of {total} video tokens -> {args.output}")
+    return args.output
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""`python -m sglang_evs.visualize`: the picture's kept cells are exactly the keep-mask's."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from sglang_evs import visualize
+from sglang_evs.testing import media
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "evs"))
+from evs_oracle import keep_mask as evs_oracle_mask  # noqa: E402  (the EVS oracle written here)
+
+
+@pytest.mark.parametrize(("method", "rate"), [("evs", 0.75), ("vidcom2", 0.5)])
+def test_picture_shows_exactly_the_kept_cells(tiny_model_dir, tmp_path, method, rate):
+    clip = media.write_clip(tmp_path / "clip.mp4", "moving", num_frames=16, fps=4, seed=3)
+    out = visualize.main([str(clip), "--model-path", str(tiny_model_dir), "--rate", str(rate),
+                          "--method", method, "-o", str(tmp_path / "kept.png")])  # fmt: skip
+    kept = visualize.kept_tokens(tiny_model_dir, clip, rate, method)
+    t, gh, gw = kept.grid
+    h, w = gh // kept.merge, gw // kept.merge
+    total = t * h * w
+    expected = max(h * w, int(total * (1 - rate))) if method == "evs" else max(t, int(total * (1 - rate)))
+    assert int(kept.mask.sum()) == expected < total
+    picture = Image.open(out).convert("RGB")
+    shown = torch.tensor(
+        [picture.getpixel(visualize.cell_origin(kept, g, r, c, min(4, t))) == visualize.KEPT_FRAME
+         for g in range(t) for r in range(h) for c in range(w)]
+    )  # fmt: skip
+    assert torch.equal(shown, kept.mask)
+
+
+def test_evs_mask_is_the_oracles_on_the_towers_rows(tiny_model_dir, tmp_path, monkeypatch):
+    """The visualizer's EVS mask is the spec's rule on the rows it scored (recorded here)."""
+    clip = media.write_clip(tmp_path / "clip.mp4", "noise", num_frames=16, fps=4, seed=4)
+    scored = {}
+    original = visualize.METHODS["evs"].retention_mask
+
+    def recording(rows, grid, merge, rate):
+        scored.update(rows=rows, grid=grid, merge=merge)
+        return original(rows, grid, merge, rate)
+
+    monkeypatch.setitem(visualize.METHODS, "evs", visualize.METHODS["evs"].__class__(
+        **{**visualize.METHODS["evs"].__dict__, "retention_mask": recording}))  # fmt: skip
+    kept = visualize.kept_tokens(tiny_model_dir, clip, 0.5, "evs")
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    levels = len(config["vision_config"]["deepstack_visual_indexes"])
+    assert levels > 0 and scored["rows"].shape[1] == (1 + levels) * config["text_config"]["hidden_size"]
+    assert torch.equal(kept.mask, evs_oracle_mask(scored["rows"], scored["grid"], scored["merge"], 0.5))
