@@ -4,7 +4,7 @@ Builds a Qwen3-VL vision tower with a real checkpoint's shape (random weights: t
 depend on their values), encodes one clip of T temporal groups, and times each method's
 ``retention_mask`` (``sglang_evs.evs.METHODS``) on exactly the rows the tower returned: the main
 merger output concatenated with the deepstack levels, as the serving model scores them. Prints the
-medians and mask / encoder; the goal of issue 6 is below 1 %.
+medians and mask / encoder; the goal is below 1 %.
 
     PYTHONPATH=python python benchmark/bench_retention_mask.py [--tower 2b|8b] [--groups 4] [--method evs|vidcom2|all]
 

@@ -11,15 +11,25 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
 
-echo "setting up $VENV (SGLang 0.5.23, CPU) ..."
+echo "setting up $VENV (SGLang 0.5.23, CPU route) ..."
+echo "note: SGLang's GPU-only dependencies (CUDA kernels, flashinfer, ...) are left out on purpose;" \
+     "pip's resolver complaints about exactly those are hidden, anything else pip says is shown"
 python3 -m venv "$VENV"
+known_noise=(
+  -e "is ignored: it is neither"                          # this machine's local index mirrors
+  -e "^ERROR: pip's dependency resolver does not currently take into account"
+  -e "^sglang 0\.5\.23 requires .*(which is not installed|but you have torch 2\.13\.0\+cpu)"
+)
 pip_install() {
-  # pip's notes about this machine's local index mirrors are noise
-  "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2> >(grep -v -E "${known_noise[@]}" >&2)
 }
+echo "[1/4] torch 2.13 (CPU build)"
 pip_install -c scripts/constraints-cpu.txt "torch==2.13.0+cpu"
+echo "[2/4] sglang 0.5.23 (without its GPU-only dependencies)"
 pip_install --no-deps "sglang==0.5.23"
+echo "[3/4] what SGLang needs at import on the CPU route (scripts/requirements-cpu.txt)"
 pip_install -c scripts/constraints-cpu.txt -r scripts/requirements-cpu.txt
+echo "[4/4] sglang-evs (editable)"
 pip_install --no-deps --no-build-isolation -e .
 echo "$want" > "$STAMP"
 echo "environment ready: $VENV"
