@@ -144,3 +144,26 @@ def text_only_tokens(base_url: str, dataset: Path) -> int:
 def plugin_loaded(log: str) -> bool:
     """Whether a server log has the plugin's announcement line (``sglang-evs <version> plugin loaded (...)``)."""
     return re.search(r"sglang-evs \S+ plugin loaded \(", log) is not None
+
+
+STAGE_EVENTS = {"processed": "processing_ms", "video_encoded": "encoder_ms", "mask_and_fill": "mask_fill_ms",
+                "extend_forward": "forward_ms"}  # fmt: skip
+
+
+def trace_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def stage_times(path: Path, since: int) -> dict:
+    """Per-stage milliseconds of what the server traced after byte ``since`` (one request's window):
+    tokenizer-side processing, vision encoder, keep-mask and region fill, the extend forwards
+    (encoder included), and the language model's share, forwards minus encoder and mask."""
+    with path.open() as lines:
+        lines.seek(since)
+        events = [json.loads(line) for line in lines if line.strip()]
+    stages = dict.fromkeys(STAGE_EVENTS.values(), 0.0)
+    for event in events:
+        if event["event"] in STAGE_EVENTS:
+            stages[STAGE_EVENTS[event["event"]]] += event["ms"]
+    stages["language_model_ms"] = stages["forward_ms"] - stages["encoder_ms"] - stages["mask_fill_ms"]
+    return stages

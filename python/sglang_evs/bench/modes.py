@@ -1,6 +1,7 @@
 """The benchmark modes, each on its own servers: sweep, load, paired, overhead (method: sweep.py)."""
 
 import json
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,8 +14,10 @@ from sglang_evs.bench.measure import (
     per_request_rate,
     plugin_loaded,
     prefill_ms,
+    stage_times,
     text_only_tokens,
     timed_video_request,
+    trace_size,
     video_bench,
     warm_up,
 )
@@ -113,15 +116,23 @@ def paired(
 
     lines = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()][:num_prompts]
     samples: dict[float, list[dict]] = {0.0: [], rate: []}
-    with serving(model, out_dir / "server-paired.log", server_args) as server:
+    trace_path = out_dir / "trace-paired.jsonl"
+    trace_path.unlink(missing_ok=True)
+    with serving(model, out_dir / "server-paired.log", server_args, {"SGLANG_EVS_TRACE": str(trace_path)}) as server:
         warm_up(server.base_url, out_dir, dataset)
         for i, line in enumerate(tqdm(lines, desc="paired clips", unit="clip")):
             for j, q in enumerate((0.0, rate) if i % 2 == 0 else (rate, 0.0)):
                 requests.post(f"{server.base_url}/flush_cache", timeout=600).raise_for_status()
+                since = trace_size(trace_path)
                 video, tokens = timed_video_request(server.base_url, line, q)
+                stages = stage_times(trace_path, since)
                 text = prefill_ms(server.base_url, tokens, reps=1, seed=2 * i + j)
-                samples[q].append({"video_ms": video, "prefill_ms": text, "tokens": tokens})
-    return {"mode": "paired", "samples": {str(q): v for q, v in samples.items()}, **paired_ideal(samples, rate)}
+                samples[q].append({"video_ms": video, "prefill_ms": text, "tokens": tokens, "stages": stages})
+    result = {"mode": "paired", "samples": {str(q): v for q, v in samples.items()}, **paired_ideal(samples, rate)}
+    result["stage_medians"] = {
+        str(q): {k: statistics.median(s["stages"][k] for s in v) for k in v[0]["stages"]} for q, v in samples.items()
+    }
+    return result
 
 
 def overhead(

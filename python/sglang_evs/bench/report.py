@@ -62,6 +62,8 @@ def report(result: dict) -> str:
                      f"{mq['prefill_ms']:.0f} ms")  # fmt: skip
         lines.append(f"E {result['encoder_ms']:.0f} ms, ideal {result['ideal_ms']:.0f} ms, measured/ideal "
                      f"{result['measured_over_ideal']:.3f}, TTFT vs q=0 {result['ttft_vs_q0']:.3f}")  # fmt: skip
+        for q, stages in result.get("stage_medians", {}).items():
+            lines.append(f"q={q} stage medians (ms): " + ", ".join(f"{k[:-3]} {v:.0f}" for k, v in stages.items()))
     elif result["mode"] == "methods":
         first, second = result["methods"]
         ratio = result["latency_ratio"]

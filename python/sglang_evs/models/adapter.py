@@ -9,6 +9,7 @@ only what differs between families: its language model class (upstream's plus
 """
 
 import logging
+import time
 from dataclasses import replace
 
 import torch
@@ -91,6 +92,7 @@ def forward(model, input_ids, positions, forward_batch, get_embedding=False, pp_
     """Upstream's forward with the generic routine (and no deepstack argument)."""
     if model.is_mrope_enabled:
         positions = forward_batch.mrope_positions
+    start = time.perf_counter() if trace.enabled() else None
     hidden_states = general_mm_embed_routine(
         input_ids=input_ids,
         forward_batch=forward_batch,
@@ -99,6 +101,8 @@ def forward(model, input_ids, positions, forward_batch, get_embedding=False, pp_
         positions=positions,
         pp_proxy_tensors=pp_proxy_tensors,
     )
+    if start is not None:
+        _trace_forward(forward_batch, input_ids, start)
     aux_hidden_states = None
     if getattr(model, "capture_aux_hidden_states", False):
         hidden_states, aux_hidden_states = hidden_states
@@ -108,3 +112,14 @@ def forward(model, input_ids, positions, forward_batch, get_embedding=False, pp_
     if get_embedding:
         return model.pooler(hidden_states, forward_batch)
     return model.logits_processor(input_ids, hidden_states, model.lm_head, forward_batch, aux_hidden_states)
+
+
+def _trace_forward(forward_batch, input_ids, start: float) -> None:
+    """Per-stage timing (trace only): the whole extend forward, encoders included; the media items it
+    carried name the requests (see `pruning/videos.py` for the encoder's and the mask's share)."""
+    if not forward_batch.forward_mode.is_extend():
+        return
+    if input_ids.is_cuda:
+        torch.cuda.synchronize()
+    items = [item.hash for mm in forward_batch.mm_inputs or () if mm is not None for item in mm.mm_items]
+    trace.record("extend_forward", tokens=int(input_ids.shape[0]), items=items, ms=(time.perf_counter() - start) * 1e3)

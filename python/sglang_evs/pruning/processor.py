@@ -7,8 +7,10 @@ server's (`settings.server_pruning`), overridable per request (`settings.request
 """
 
 import logging
+import time
 
 from sglang_evs import sglang_compat as sglang
+from sglang_evs import trace
 from sglang_evs.models.registry import upstream_classes
 from sglang_evs.pruning.layout import prune_video_layout
 from sglang_evs.pruning.settings import refuse_unsupported, request_pruning, server_pruning
@@ -52,14 +54,18 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
         return loaded
 
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
+        start = time.perf_counter()
         pruning = request_pruning(request_obj, self.pruning)
         refuse_unsupported(pruning, self.speculative)
         output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
-        if not pruning.prunes or output is None or not any(item.is_video() for item in output.mm_items):
-            return output
-        merge = self.hf_config.vision_config.spatial_merge_size
-        videos = prune_video_layout(output, pruning, merge, self.VIDEO_TOKEN_ID)
-        record_usage(getattr(request_obj, "rid", None), pruning, videos)
-        for video in videos:
-            logger.debug("%s q=%s: video tokens %d -> %d", pruning.method.name, pruning.rate, video.before, video.after)
+        if pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
+            merge = self.hf_config.vision_config.spatial_merge_size
+            videos = prune_video_layout(output, pruning, merge, self.VIDEO_TOKEN_ID)
+            record_usage(getattr(request_obj, "rid", None), pruning, videos)
+            for video in videos:
+                name = pruning.method.name
+                logger.debug("%s q=%s: video tokens %d -> %d", name, pruning.rate, video.before, video.after)
+        if trace.enabled() and output is not None:
+            items = [item.hash for item in output.mm_items]
+            trace.record("processed", items=items, ms=(time.perf_counter() - start) * 1e3)
         return output

@@ -14,6 +14,7 @@ on the item (`fields.py`).
 """
 
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -55,11 +56,12 @@ class PrunedVideos:
 
     def features(self, items: list) -> torch.Tensor | list[torch.Tensor]:
         if not any(is_pruned(item) for item in items):
-            return self.encode(items)
+            return self._timed_encode(items)
         merge = self.spatial_merge_size
         # An unpruned item may still bundle several videos (Qwen2-VL family): count all its grids.
         patches = [int(item.video_grid_thw.reshape(-1, 3).prod(dim=-1).sum()) for item in items]
-        encoded = torch.cat([self.encode(group) for group in self._encoder_groups(items, patches)])
+        encoded = torch.cat([self._timed_encode(group) for group in self._encoder_groups(items, patches)])
+        start = time.perf_counter()
         out = []
         for item, rows in zip(items, encoded.split([n // merge**2 for n in patches]), strict=True):
             if not is_pruned(item):
@@ -70,7 +72,19 @@ class PrunedVideos:
             mask = method.retention_mask(rows, grid, merge, item.model_specific_data[RATE])
             self._remember(item.hash, mask)
             out.append(self._fill_region(item, rows, mask))
+        if trace.enabled():
+            trace.record("mask_and_fill", items=[item.hash for item in items], ms=(time.perf_counter() - start) * 1e3)
         return out
+
+    def _timed_encode(self, items: list) -> torch.Tensor:
+        if not trace.enabled():
+            return self.encode(items)
+        start = time.perf_counter()
+        encoded = self.encode(items)
+        patches = sum(int(item.video_grid_thw.reshape(-1, 3).prod(dim=-1).sum()) for item in items)
+        trace.record("video_encoded", items=[item.hash for item in items], patches=patches,
+                     ms=(time.perf_counter() - start) * 1e3)  # fmt: skip
+        return encoded
 
     def write_positions(self, layout: BatchLayout, positions: torch.Tensor) -> None:
         """Positions [3, num_tokens] of this forward: the pruned videos' rows rewritten in place.
