@@ -5,7 +5,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from PIL import Image
+
+pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
 
 def test_demo_prints_the_table_the_reply_and_the_picture(tmp_path):

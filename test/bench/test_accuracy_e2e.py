@@ -12,6 +12,8 @@ import pytest
 
 from sglang_evs.bench import mmmu_fixture, videomme_fixture
 
+pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
+
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):

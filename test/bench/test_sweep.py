@@ -111,6 +111,7 @@ def test_method_comparison_report():
     assert "prompt tokens evs 205, vidcom2 205" in text and "1.010 (95 % interval 0.970-1.050, 2 pairs)" in text
 
 
+@pytest.mark.slow
 def test_end_to_end_sweep_two_rates(tiny_model_dir, tmp_path):
     start = time.monotonic()
     cmd = [sys.executable, str(REPO / "benchmark/evs_sweep.py"), "--model", str(tiny_model_dir), "--out",

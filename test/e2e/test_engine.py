@@ -6,7 +6,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from sglang_evs.testing.server import CPU_ENV
+
+pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
 ENGINE_SCRIPT = textwrap.dedent(
     """

@@ -14,6 +14,7 @@ RATE_MESSAGE = "video_pruning_rate must be a number in [0, 1)"
 RATIO_MESSAGE = "video_retention_ratio must be a number in (0, 1]"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
+
 WORKER = Path(__file__).with_name("prefill_graph_worker.py")
 ROUNDING = 1e-5  # replays re-run the same float32 kernels: equal up to (in fact without) rounding
 

@@ -19,6 +19,8 @@ from sglang_evs.bench import mmmu_fixture
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs
 from sglang_evs.testing.server import running_server
 
+pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
+
 CHUNKED = ["--chunked-prefill-size", "48"]  # cuts the 64-token image and the 200-token video
 
 

@@ -9,6 +9,8 @@ from sglang_evs import trace
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, generate, media_kwargs
 from sglang_evs.testing.server import running_server
 
+pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
+
 
 @pytest.mark.parametrize(
     ("fixture", "architecture"),
