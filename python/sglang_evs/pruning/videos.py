@@ -71,6 +71,8 @@ class PrunedVideos:
             method = METHODS[item.model_specific_data[METHOD]]
             mask = method.retention_mask(rows, grid, merge, item.model_specific_data[RATE])
             self._remember(item.hash, mask)
+            if trace.enabled():
+                trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist())
             out.append(self._fill_region(item, rows, mask))
         if trace.enabled():
             trace.record("mask_and_fill", items=[item.hash for item in items], ms=(time.perf_counter() - start) * 1e3)
