@@ -17,11 +17,13 @@ a long one at a fraction of the CPU time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
@@ -85,6 +87,7 @@ def main() -> None:
     p.add_argument("--method", choices=[*METHODS, "all"], default="all", help="keep-mask(s) to time")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions of each")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--output", type=Path, help="also write the raw results here (JSON)")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -106,6 +109,8 @@ def main() -> None:
         print(f"vision encoder fp32: median {encoder_s * 1e3:.1f} ms "
               f"(runs {fmt(f'{x * 1e3:.1f}' for x in encoder_runs)})")  # fmt: skip
         rows = encode(tower, pixels, grid_thw)
+        result = {"tower": args.tower, "grid_thw": list(grid), "pruning_rate": args.pruning_rate,
+                  "threads": args.threads, "encoder_ms": [x * 1e3 for x in encoder_runs], "masks": {}}  # fmt: skip
         for method in methods:
             mask_s, mask_runs = median_seconds(
                 lambda method=method: method.retention_mask(rows, grid, 2, args.pruning_rate), args.reps
@@ -113,7 +118,10 @@ def main() -> None:
             print(f"{method.name} retention_mask on its {tuple(rows.shape)} rows: median {mask_s * 1e3:.2f} ms "
                   f"(runs {fmt(f'{x * 1e3:.2f}' for x in mask_runs)}); "
                   f"mask / encoder = {mask_s / encoder_s:.4%}")  # fmt: skip
+            result["masks"][method.name] = {"ms": [x * 1e3 for x in mask_runs], "over_encoder": mask_s / encoder_s}
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
