@@ -2,6 +2,7 @@
 
     python -m sglang_evs.bench.videomme --data-dir DIR --base-url URL [--limit N] [--output r.json]
     python -m sglang_evs.bench.videomme --data-dir DIR --model PATH --rates 0 0.5 0.75 [--server-args "..."]
+    python -m sglang_evs.bench.videomme --data-dir DIR --model PATH --rates 0.75 --method vidcom2
 
 DIR: the rows as ``DIR/videomme/test-*.parquet`` (the hub layout of lmms-lab/Video-MME, needs
 pyarrow) or ``DIR/videomme.jsonl``; the videos as ``DIR/data/<videoID>.mp4`` (the hub zips
@@ -23,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
+
+from sglang_evs.evs import METHODS
 
 PROMPT = (
     "Select the best answer to the following multiple-choice question based on the video. "
@@ -106,13 +109,14 @@ def evaluate(base_url: str, rows: list[dict], num_threads: int = 4, max_tokens: 
 
 
 def evaluate_rates(model: str, rows: list[dict], rates: list[float], out_dir: Path, server_args: list[str] = (),
-                   **kwargs) -> dict:  # fmt: skip
-    """One server per pruning rate (``launch.serving``): ``{str(rate): evaluate(...)}``."""
+                   method: str = "evs", **kwargs) -> dict:  # fmt: skip
+    """One server per pruning rate, pruning with ``method`` (``launch.serving``): ``{str(rate): evaluate(...)}``."""
     from sglang_evs.bench.launch import rate_args, serving
 
     results = {}
     for rate in rates:
-        with serving(model, out_dir / f"server-videomme-q{rate}.log", [*server_args, *rate_args(rate)]) as server:
+        log = out_dir / f"server-videomme-{method}-q{rate}.log"
+        with serving(model, log, [*server_args, *rate_args(rate, method)]) as server:
             results[str(rate)] = evaluate(server.base_url, rows, **kwargs)
     return results
 
@@ -125,7 +129,8 @@ def main() -> None:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--base-url", help="an already running server")
     target.add_argument("--model", help="launch a server on this checkpoint per --rates")
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.0])
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.0], help="q (VidCom2: 1 - retention ratio)")
+    parser.add_argument("--method", choices=sorted(METHODS), default="evs", help="with --model: the pruning method")
     parser.add_argument("--server-args", default="--dtype float32", help='with --model; on a GPU e.g. "--device cuda"')
     parser.add_argument("--limit", type=int)
     parser.add_argument("--num-threads", type=int, default=4)
@@ -138,7 +143,8 @@ def main() -> None:
         results = {"server": evaluate(args.base_url, rows, **kwargs)}
     else:
         out_dir = (args.output.parent if args.output else Path(".cache/bench")) / "logs"
-        results = evaluate_rates(args.model, rows, args.rates, out_dir, shlex.split(args.server_args), **kwargs)
+        results = evaluate_rates(args.model, rows, args.rates, out_dir, shlex.split(args.server_args), args.method,
+                                 **kwargs)  # fmt: skip
     for key, r in results.items():
         print(f"{key}: accuracy {r['accuracy']:.4f} over {r['num']} questions, "
               f"{r['mean_prompt_tokens']:.0f} prompt tokens/question")  # fmt: skip
