@@ -182,3 +182,72 @@ def compare_methods(
     return {"mode": "methods", "rate": rate, "methods": [first, second], "samples": samples,
             "tokens": {m: [s["tokens"] for s in samples[m]] for m in methods},
             "latency_ratio": {**paired_ratio(pairs), **geometric_interval([a / b for a, b in pairs])}}  # fmt: skip
+
+
+def lengths(
+    model: str,
+    out_dir: Path,
+    seconds: Sequence[float] = (2, 4, 8, 16, 32, 64),
+    rates: Sequence[float] = (0.0, 0.5, 0.75, 0.9),
+    num_prompts: int = 2,
+    prefill_reps: int = 2,
+    server_args: Sequence[str] = (),
+    beyond_context_seconds: float | None = None,
+) -> dict:
+    """TTFT and prompt tokens against clip length, at each rate, in one server.
+
+    Per length: fresh clips (``num_prompts``, half static), a warm-up clip of that length, then the
+    rates in an order rotated per length (q = 0 is not always first), streamed TTFT through
+    bench_serving, and the text prefill ``P(n)`` at each rate's prompt length. The ideal at each
+    length is ``E(L) + P(n_q)``, with ``E(L) = TTFT(L, 0) - P(n_0)``. With ``beyond_context_seconds``,
+    one clip that long is sent at q = 0 (expected: HTTP 400 naming both counts) and at the highest
+    rate (expected: served); the replies are recorded.
+    """
+    from tqdm import tqdm
+
+    from sglang_evs.bench.make_video_dataset import make_video_dataset
+
+    rates = sorted(set(rates) | {0.0})
+    rows = []
+    with serving(model, out_dir / "server-lengths.log", server_args) as server:
+        for i, length in enumerate(tqdm(seconds, desc="clip lengths", unit="length")):
+            dataset = make_video_dataset(out_dir / f"clips-{length:g}s", num_prompts, seconds=length, seed=100 * i)
+            warm_up(server.base_url, out_dir, dataset)
+            for j, rate in enumerate(rates[i % len(rates):] + rates[: i % len(rates)]):
+                name = f"lengths-{length:g}s-q{rate}.jsonl"
+                video = video_bench(server.base_url, dataset, out_dir / name, num_prompts, 1, per_request_rate(rate))
+                tokens = round(video["mean_prompt_tokens"])
+                prefill = prefill_ms(server.base_url, tokens, prefill_reps, seed=1000 * i + j)
+                rows.append({"seconds": length, "rate": rate, "video": video, "prefill_ms": prefill})
+        beyond = beyond_context(server.base_url, out_dir, beyond_context_seconds, max(rates)) if (
+            beyond_context_seconds) else None  # fmt: skip
+    for length in seconds:
+        at = {r["rate"]: r for r in rows if r["seconds"] == length}
+        base = at[0.0]
+        encoder = base["video"]["mean_ttft_ms"] - base["prefill_ms"]
+        for row in at.values():
+            row["ttft_vs_q0"] = row["video"]["mean_ttft_ms"] / base["video"]["mean_ttft_ms"]
+            row["tokens_vs_q0"] = row["video"]["mean_prompt_tokens"] / base["video"]["mean_prompt_tokens"]
+            row["ideal_ttft_ms"] = encoder + row["prefill_ms"]
+            row["measured_over_ideal"] = row["video"]["mean_ttft_ms"] / row["ideal_ttft_ms"]
+    rows.sort(key=lambda r: (r["seconds"], r["rate"]))
+    return {"mode": "lengths", "seconds": list(seconds), "rates": rates, "rows": rows, "beyond_context": beyond}
+
+
+def beyond_context(base_url: str, out_dir: Path, seconds: float, rate: float) -> dict:
+    """One clip of ``seconds`` at q = 0 and at ``rate``: ``{str(q): {"status", "prompt_tokens" or "error"}}``."""
+    from sglang_evs.bench.make_video_dataset import make_video_dataset
+
+    dataset = make_video_dataset(out_dir / f"clips-{seconds:g}s-beyond", 1, static_share=0.0, seconds=seconds)
+    line = json.loads(dataset.read_text().splitlines()[0])
+    replies = {}
+    for q in (0.0, rate):
+        body = {"model": "default", "messages": line["messages"], "max_tokens": 1, **per_request_rate(q)}
+        response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=1800)
+        reply = {"status": response.status_code}
+        if response.ok:
+            reply["prompt_tokens"] = response.json()["usage"]["prompt_tokens"]
+        else:
+            reply["error"] = response.text[:500]
+        replies[str(q)] = reply
+    return replies

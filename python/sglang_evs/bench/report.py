@@ -34,6 +34,36 @@ def plot_sweep(result: dict, path: Path) -> Path:
     return path
 
 
+def plot_lengths(result: dict, path: Path) -> Path:
+    """PNG: mean video TTFT (measured, and the ideal dashed) and prompt tokens against clip length,
+    one line per pruning rate, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_n) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, rate in enumerate(result["rates"]):
+        rows = [r for r in result["rows"] if r["rate"] == rate]
+        seconds, color = [r["seconds"] for r in rows], f"C{i}"
+        ax_t.plot(seconds, [r["video"]["mean_ttft_ms"] / 1000 for r in rows], "o-", color=color, label=f"q = {rate}")
+        if rate:
+            ax_t.plot(seconds, [r["ideal_ttft_ms"] / 1000 for r in rows], "--", color=color, alpha=0.6,
+                      label=f"q = {rate}: ideal E + P(tokens)")  # fmt: skip
+        ax_n.plot(seconds, [r["video"]["mean_prompt_tokens"] for r in rows], "o-", color=color, label=f"q = {rate}")
+    ax_t.set(xlabel="clip length (s)", ylabel="mean TTFT (s)", title="time to first token", xscale="log",
+             yscale="log")  # fmt: skip
+    ax_n.set(xlabel="clip length (s)", ylabel="prompt tokens per request", title="prompt tokens", xscale="log",
+             yscale="log")  # fmt: skip
+    for ax in (ax_t, ax_n):
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def report(result: dict) -> str:
     """Human-readable ratios of a sweep/load/overhead result."""
     lines = []
@@ -49,6 +79,15 @@ def report(result: dict) -> str:
         lines.append(f"images, max q vs q=0: tokens {im['tokens']:.3f}, TTFT {im['ttft']:.3f}")
         if not result["evs_active"]:
             lines.append("NOTE: equal prompt tokens at every rate: EVS pruning is not active on this server")
+    elif result["mode"] == "lengths":
+        lines.append("seconds  q     tokens  TTFT ms   TTFT/q0  ideal ms  measured/ideal")
+        for r in result["rows"]:
+            lines.append(f"{r['seconds']:<8g} {r['rate']:<5} {r['video']['mean_prompt_tokens']:<7.0f} "
+                         f"{r['video']['mean_ttft_ms']:<9.0f} {r['ttft_vs_q0']:<8.3f} {r['ideal_ttft_ms']:<9.0f} "
+                         f"{r['measured_over_ideal']:.3f}")  # fmt: skip
+        for q, reply in (result.get("beyond_context") or {}).items():
+            lines.append(f"beyond the context, q={q}: HTTP {reply['status']} "
+                         f"{reply.get('prompt_tokens', reply.get('error', ''))}")  # fmt: skip
     elif result["mode"] == "load":
         for r in result["rows"]:
             v = r["video"]

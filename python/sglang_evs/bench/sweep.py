@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sglang_evs.bench.measure import DEFAULT_RATES
-from sglang_evs.bench.modes import compare_methods, load, overhead, paired, sweep
-from sglang_evs.bench.report import plot_sweep, report
+from sglang_evs.bench.modes import compare_methods, lengths, load, overhead, paired, sweep
+from sglang_evs.bench.report import plot_lengths, plot_sweep, report
 from sglang_evs.evs import METHODS
+from sglang_evs.testing.tiny_model import PROFILES
 
 
 def cached_model(
@@ -56,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     parser = argparse.ArgumentParser(description="EVS TTFT/token sweep, load and overhead benchmarks.")
     parser.add_argument("--model", help="checkpoint path or hub id (default: build the --profile random model)")
-    parser.add_argument("--profile", choices=["tiny", "small"], default="tiny")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="tiny",
+                        help="small: language-model bound; balanced: Qwen3-VL-2B's vision:language cost")  # fmt: skip
     parser.add_argument("--architecture", default="Qwen3VLForConditionalGeneration",
                         help="architecture of the --profile random model (HF class name)")  # fmt: skip
     parser.add_argument(
@@ -71,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     mode.add_argument("--paired", type=float, metavar="Q", help="the ideal at rate Q, interleaved with q=0")
     mode.add_argument("--compare-methods", type=float, metavar="Q",
                       help="EVS vs VidCom2 at rate Q on the same clips, interleaved")  # fmt: skip
+    mode.add_argument("--lengths", type=float, nargs="+", metavar="SECONDS",
+                      help="TTFT and prompt tokens against clip length at each --rates")  # fmt: skip
+    parser.add_argument("--beyond-context", type=float, metavar="SECONDS",
+                        help="--lengths: also send one clip this long at q=0 (expect 400) and at max q")  # fmt: skip
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=["evs"],
                         help="sweep: the pruning methods, each at every --rates")  # fmt: skip
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
@@ -93,6 +99,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model = args.model or str(cached_model(args.profile, args.architecture))
     server_args = shlex.split(args.server_args)
+    if args.lengths:
+        result = lengths(model, out, args.lengths, args.rates, args.num_prompts, args.prefill_reps, server_args,
+                         args.beyond_context)  # fmt: skip
+        result["plot"] = str(plot_lengths(result, out / "lengths.png"))
+        return finish(result, args, model, server_args, None, out)
     num = args.concurrency if args.load else args.num_prompts
     dataset = args.dataset or make_video_dataset(
         out / "clips", num, args.static_share, args.kind, seconds=args.seconds, size=parse_size(args.size),
@@ -110,6 +121,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         result = sweep(model, dataset, out, args.rates, args.num_prompts, args.image_prompts, args.prefill_reps,
                        server_args, args.methods)  # fmt: skip
         result["plot"] = str(plot_sweep(result, out / "sweep.png"))
+    return finish(result, args, model, server_args, dataset, out)
+
+
+def finish(result: dict, args, model: str, server_args: list[str], dataset: Path | None, out: Path) -> dict:
+    """Add the setup to ``result``, write it as JSON under ``out``, print the report."""
     result["setup"] = {"model": model, "profile": None if args.model else args.profile,
                        "architecture": None if args.model else args.architecture, "dataset": str(dataset),
                        "server_args": server_args, "date": time.strftime("%Y-%m-%d")}  # fmt: skip

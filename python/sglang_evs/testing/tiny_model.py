@@ -90,6 +90,9 @@ PROFILES = {
     # Half as wide (1024), the LM was only 60 % of a video request's TTFT on the CPU machine: SGLang's
     # CPU vision attention is dense over each video, so even a tiny tower costs ~0.9 s per 8 s clip.
     "small": Profile(2048, 8, 16, 8, 128, 6144, (24, 20, 20), 64, 3, 4, 128, (0, 1, 2)),
+    # small's language model under a tower whose cost per video token, relative to its language
+    # model, is Qwen3-VL-2B's (bench/flops.py: 0.89 here, 0.93 there): 5 blocks of 2B's width.
+    "balanced": Profile(2048, 8, 16, 8, 128, 6144, (24, 20, 20), 1024, 5, 16, 4096, (1, 2, 3)),
 }
 
 

@@ -1,0 +1,54 @@
+"""Benchmark modes driven against fakes: what each one sends and how it derives its ratios."""
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+from sglang_evs.bench import modes, report
+
+
+def fake_lengths_run(monkeypatch, tmp_path) -> tuple[dict, list]:
+    """Per request: prompt tokens 100 + 100 * seconds * (1 - q); TTFT 50 ms per second of clip
+    (the encoder) + 10 ms per prompt token; P(n) = 10 ms per token."""
+    sent = []
+
+    @contextmanager
+    def fake_serving(model, log, server_args, env=None, timeout=600):
+        yield SimpleNamespace(base_url="http://fake")
+
+    def fake_video_bench(url, dataset, out_file, num, concurrency, body):
+        seconds = float(dataset.parent.name.removeprefix("clips-").removesuffix("s"))
+        rate = body["mm_processor_kwargs"]["video_pruning_rate"]
+        sent.append((seconds, rate))
+        tokens = 100 + 100 * seconds * (1 - rate)
+        return {"mean_ttft_ms": 50 * seconds + 10 * tokens, "mean_prompt_tokens": tokens}
+
+    monkeypatch.setattr(modes, "serving", fake_serving)
+    monkeypatch.setattr(modes, "warm_up", lambda *a: None)
+    monkeypatch.setattr(modes, "video_bench", fake_video_bench)
+    monkeypatch.setattr(modes, "prefill_ms", lambda url, tokens, reps, seed: 10.0 * tokens)
+    result = modes.lengths("m", tmp_path, seconds=[2, 4, 8], rates=[0.5, 0.75], num_prompts=1)
+    return result, sent
+
+
+def test_lengths_rotates_the_rates_and_derives_the_ideal(monkeypatch, tmp_path):
+    result, sent = fake_lengths_run(monkeypatch, tmp_path)
+    assert result["rates"] == [0.0, 0.5, 0.75]
+    firsts = [rates for seconds, rates in sent[::3]]
+    assert firsts == [0.0, 0.5, 0.75]  # q = 0 is not always the first request of a length
+    assert sorted(sent) == [(s, q) for s in (2, 4, 8) for q in (0.0, 0.5, 0.75)]
+    row = next(r for r in result["rows"] if r["seconds"] == 8 and r["rate"] == 0.75)
+    assert row["video"]["mean_prompt_tokens"] == 300
+    assert row["ideal_ttft_ms"] == 400 + 3000  # E(8 s) = 50 * 8, P(300) = 3000
+    assert row["measured_over_ideal"] == 1.0
+    assert row["ttft_vs_q0"] == 3400 / (400 + 9000)
+
+
+def test_lengths_report_and_plot(monkeypatch, tmp_path):
+    result, _ = fake_lengths_run(monkeypatch, tmp_path)
+    result["beyond_context"] = {"0.0": {"status": 400, "error": "longer than the context"},
+                                "0.75": {"status": 200, "prompt_tokens": 3300}}  # fmt: skip
+    text = report.report(result)
+    assert "beyond the context, q=0.0: HTTP 400 longer than the context" in text
+    assert len([line for line in text.splitlines() if line.startswith(("2 ", "4 ", "8 "))]) == 9
+    path = report.plot_lengths(result, tmp_path / "lengths.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
