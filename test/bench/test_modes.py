@@ -52,3 +52,29 @@ def test_lengths_report_and_plot(monkeypatch, tmp_path):
     assert len([line for line in text.splitlines() if line.startswith(("2 ", "4 ", "8 "))]) == 9
     path = report.plot_lengths(result, tmp_path / "lengths.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_load_alternates_the_rates_over_fresh_servers(monkeypatch, tmp_path):
+    """Fake throughput: 1.0 req/s at q = 0, 2.0 at q = .75, except round 1's q = .75 server at 2.2."""
+    started = []
+
+    @contextmanager
+    def fake_serving(model, log, server_args, env=None, timeout=600):
+        started.append(server_args[-1] if server_args else "none")
+        yield SimpleNamespace(base_url="http://fake")
+
+    def fake_video_bench(url, dataset, out_file, num, concurrency):
+        fast = "q0.75" in out_file.name
+        throughput = (2.2 if "round1" in out_file.name else 2.0) if fast else 1.0
+        return {"request_throughput": throughput, "mean_ttft_ms": 1000 / throughput, "mean_prompt_tokens": 1}
+
+    monkeypatch.setattr(modes, "serving", fake_serving)
+    monkeypatch.setattr(modes, "warm_up", lambda *a: None)
+    monkeypatch.setattr(modes, "video_bench", fake_video_bench)
+    result = modes.load("m", tmp_path / "d.jsonl", tmp_path, [0.0, 0.75], 4, [], rounds=3)
+    assert [run["rate"] for run in result["runs"]] == [0.0, 0.75, 0.75, 0.0, 0.0, 0.75]
+    assert len(started) == 6  # a fresh server per rate and round
+    assert result["throughput_ratio"]["per_round"] == [2.0, 2.2, 2.0]
+    assert result["throughput_ratio"]["low"] < 2.0 < 2.2 < result["throughput_ratio"]["high"]
+    assert result["rows"][1]["throughput_vs_first"] == (2.0 + 2.2 + 2.0) / 3
+    assert "requests/s q=0.75 / q=0.0 per round: geometric mean" in report.report(result)

@@ -83,21 +83,42 @@ def load(
     rates: Sequence[float] = (0.0, 0.75),
     concurrency: int = 16,
     server_args: Sequence[str] = (),
+    rounds: int = 1,
 ) -> dict:
-    """``concurrency`` video requests at once per rate: requests/s and mean TTFT; ratios vs the first rate."""
+    """``concurrency`` video requests at once per rate, a fresh server per rate and round, the order of
+    the rates alternating between rounds (q = 0 is not always first): requests/s and mean TTFT per
+    run; rows hold their means over rounds, with ratios vs the first rate, and with two rates or
+    more and two rounds or more, the per-round ratios of the last rate to the first with a 95 %
+    interval."""
     from tqdm import tqdm
 
-    rows = []
-    for rate in tqdm(rates, desc="load", unit="rate"):
-        with serving(model, out_dir / f"server-load-q{rate}.log", [*server_args, *rate_args(rate)]) as server:
-            out = out_dir / f"load-q{rate}.jsonl"
+    runs: list[dict] = []
+    schedule = [(r, rate) for r in range(rounds) for rate in (rates if r % 2 == 0 else list(reversed(rates)))]
+    for r, rate in tqdm(schedule, desc="load", unit="server"):
+        log = out_dir / f"server-load-q{rate}-round{r}.log"
+        with serving(model, log, [*server_args, *rate_args(rate)]) as server:
+            out = out_dir / f"load-q{rate}-round{r}.jsonl"
             warm_up(server.base_url, out_dir, dataset)
-            rows.append({"rate": rate, "video": video_bench(server.base_url, dataset, out, concurrency, concurrency)})
+            runs.append({"round": r, "rate": rate, "video": video_bench(server.base_url, dataset, out, concurrency,
+                                                                        concurrency)})  # fmt: skip
+    fields = ("request_throughput", "mean_ttft_ms", "mean_prompt_tokens")
+    rows = []
+    for rate in rates:
+        mine = [run["video"] for run in runs if run["rate"] == rate]
+        rows.append({"rate": rate, "video": {k: statistics.fmean(v[k] for v in mine) for k in fields}})
     base = rows[0]["video"]
     for row in rows:
         row["throughput_vs_first"] = row["video"]["request_throughput"] / base["request_throughput"]
         row["ttft_vs_first"] = row["video"]["mean_ttft_ms"] / base["mean_ttft_ms"]
-    return {"mode": "load", "concurrency": concurrency, "rows": rows}
+    result = {"mode": "load", "concurrency": concurrency, "rounds": rounds, "rows": rows, "runs": runs}
+    if rounds >= 2 and len(rates) >= 2:
+        per_round = [
+            next(x for x in runs if x["round"] == r and x["rate"] == rates[-1])["video"]["request_throughput"]
+            / next(x for x in runs if x["round"] == r and x["rate"] == rates[0])["video"]["request_throughput"]
+            for r in range(rounds)
+        ]
+        result["throughput_ratio"] = {"per_round": per_round, **geometric_interval(per_round)}
+    return result
 
 
 def paired(
@@ -129,6 +150,8 @@ def paired(
                 text = prefill_ms(server.base_url, tokens, reps=1, seed=2 * i + j)
                 samples[q].append({"video_ms": video, "prefill_ms": text, "tokens": tokens, "stages": stages})
     result = {"mode": "paired", "samples": {str(q): v for q, v in samples.items()}, **paired_ideal(samples, rate)}
+    per_pair = [b["video_ms"] / a["video_ms"] for a, b in zip(samples[0.0], samples[rate], strict=True)]
+    result["latency_ratio"] = geometric_interval(per_pair)
     result["stage_medians"] = {
         str(q): {k: statistics.median(s["stages"][k] for s in v) for k in v[0]["stages"]} for q, v in samples.items()
     }

@@ -64,6 +64,13 @@ def plot_lengths(result: dict, path: Path) -> Path:
     return path
 
 
+def interval_text(ratio: dict) -> str:
+    if ratio["low"] is None:
+        return f"geometric mean {ratio['geometric_mean']:.3f} (1 pair, no interval)"
+    return (f"geometric mean {ratio['geometric_mean']:.3f} (95 % interval {ratio['low']:.3f}-{ratio['high']:.3f}, "
+            f"{ratio['pairs']} pairs)")
+
+
 def report(result: dict) -> str:
     """Human-readable ratios of a sweep/load/overhead result."""
     lines = []
@@ -94,13 +101,19 @@ def report(result: dict) -> str:
             lines.append(f"q={r['rate']}: {v['request_throughput']:.3f} req/s ({r['throughput_vs_first']:.3f}x), "
                          f"mean TTFT {v['mean_ttft_ms']:.1f} ms ({r['ttft_vs_first']:.3f}x), "
                          f"{v['mean_prompt_tokens']:.0f} prompt tokens")  # fmt: skip
+        if "throughput_ratio" in result:
+            lines.append(f"requests/s q={result['rows'][-1]['rate']} / q={result['rows'][0]['rate']} per round: "
+                         + interval_text(result["throughput_ratio"]))  # fmt: skip
     elif result["mode"] == "paired":
         m0, mq = result["medians"]["0.0"], result["medians"][str(result["rate"])]
         lines.append(f"medians: q=0 video {m0['video_ms']:.0f} ms / P({m0['tokens']:.0f}) {m0['prefill_ms']:.0f} ms; "
                      f"q={result['rate']} video {mq['video_ms']:.0f} ms / P({mq['tokens']:.0f}) "
                      f"{mq['prefill_ms']:.0f} ms")  # fmt: skip
         lines.append(f"E {result['encoder_ms']:.0f} ms, ideal {result['ideal_ms']:.0f} ms, measured/ideal "
-                     f"{result['measured_over_ideal']:.3f}, TTFT vs q=0 {result['ttft_vs_q0']:.3f}")  # fmt: skip
+                     f"{result['measured_over_ideal']:.3f}, latency vs q=0 {result['ttft_vs_q0']:.3f} "
+                     "(one output token, not streamed)")  # fmt: skip
+        if "latency_ratio" in result:
+            lines.append(f"latency q={result['rate']} / q=0 per clip: " + interval_text(result["latency_ratio"]))
         for q, stages in result.get("stage_medians", {}).items():
             lines.append(f"q={q} stage medians (ms): " + ", ".join(f"{k[:-3]} {v:.0f}" for k, v in stages.items()))
     elif result["mode"] == "methods":

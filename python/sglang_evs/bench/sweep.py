@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
     parser.add_argument("--load-rates", type=float, nargs="+", default=[0.0, 0.75])
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3, help="overhead: alternating rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="overhead, load: alternating rounds of fresh servers")
     parser.add_argument("--num-prompts", type=int, default=4, help="video requests per measurement")
     parser.add_argument("--image-prompts", type=int, default=2)
     parser.add_argument("--prefill-reps", type=int, default=3)
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         fps=args.fps, max_tokens=args.max_tokens,
     )  # fmt: skip
     if args.load:
-        result = load(model, dataset, out, args.load_rates, args.concurrency, server_args)
+        result = load(model, dataset, out, args.load_rates, args.concurrency, server_args, args.rounds)
     elif args.compare_methods is not None:
         result = compare_methods(model, dataset, out, args.compare_methods, args.num_prompts, server_args)
     elif args.paired is not None:
