@@ -208,8 +208,16 @@ VIDCOM2_SWAPS = {"Qwen2_5_VLForConditionalGeneration": 0.03, "Qwen2VLForConditio
 MASK_TIE = 1e-3  # score gap within which SGLang's and HF's encoders may rank two rows differently
 
 
+def unseen_clip(trace_path: Path, kind: str, tag: str) -> Path:
+    """A clip of ``kind`` no earlier request sent, so the server encodes it (and traces its mask)
+    instead of reusing cached features."""
+    seed = 1000 + sum(map(ord, f"{kind}{tag}"))
+    return media.write_clip(trace_path.parent / f"unseen-{kind}-{tag}.mp4", kind, num_frames=16, fps=4, seed=seed)
+
+
 def served_mask(trace_path: Path):
-    """The keep-mask the server used for its last video, as an oracle `mask_oracle` argument."""
+    """The keep-mask the server used for its last encoded video, as an oracle `mask_oracle` argument
+    (send an `unseen_clip`: a cached video is not encoded again)."""
     kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
 
     def mask(rows, grid, spatial_merge_size, q):
@@ -236,7 +244,8 @@ def assert_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q):
 def test_greedy_tokens_and_logprobs_equal_hf_oracle(served, clips, q, clip):
     """HF given the server's mask (which must be the oracle's up to ties) at the reference positions."""
     architecture, model_dir, server, trace_path = served
-    reply = video(server, clips[clip], q)
+    clip = unseen_clip(trace_path, clip, f"evs{q}")
+    reply = video(server, clip, q)
     mask = served_mask(trace_path)
     seen = {}
 
@@ -244,15 +253,16 @@ def test_greedy_tokens_and_logprobs_equal_hf_oracle(served, clips, q, clip):
         seen["served"], seen["args"] = mask(rows, grid, merge, q), (rows, grid, merge, q)
         return seen["served"]
 
-    reference = hf_pruned_greedy(model_dir, clips[clip], q, mask_oracle=checked)
+    reference = hf_pruned_greedy(model_dir, clip, q, mask_oracle=checked)
     assert_matches_hf(reply, reference, HF_TOLERANCE[architecture])
     assert_masks_agree_up_to_ties(seen["served"], *seen["args"])
 
 
 def test_the_tolerance_tells_an_inexact_position_rule(served, clips):
     architecture, model_dir, server, trace_path = served
-    reply = video(server, clips["moving"], 0.75)
-    control = hf_pruned_greedy(model_dir, clips["moving"], 0.75, mask_oracle=served_mask(trace_path),
+    clip = unseen_clip(trace_path, "moving", "control")
+    reply = video(server, clip, 0.75)
+    control = hf_pruned_greedy(model_dir, clip, 0.75, mask_oracle=served_mask(trace_path),
                                shift_text_back=True)  # fmt: skip
     worst = max(abs(a - b) for a, b in zip(reply.logprobs, control.logprobs, strict=True))
     assert worst > 10 * HF_TOLERANCE[architecture]
@@ -262,11 +272,12 @@ def test_the_tolerance_tells_an_inexact_position_rule(served, clips):
 def test_vidcom2_count_and_hf_oracle(served, clips, ratio):
     """VidCom2 on the same mechanism: its own count and mask, the same exact positions."""
     architecture, model_dir, server, trace_path = served
-    unpruned = video(server, clips["noise"], 0.0)
+    clip = unseen_clip(trace_path, "noise", f"vidcom2{ratio}")
+    unpruned = video(server, clip, 0.0)
     tokens = unpruned.meta["video_tokens"]
     kept = max(GROUPS, min(int(tokens * (1 - (1 - ratio))), tokens))  # the VidCom2 count, written out here
     reply = generate(
-        server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clips["noise"]]),
+        server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]),
         mm_processor_kwargs={"video_retention_ratio": ratio},
     )[0]  # fmt: skip
     assert reply.prompt_tokens == unpruned.prompt_tokens - (tokens - kept)
@@ -277,7 +288,7 @@ def test_vidcom2_count_and_hf_oracle(served, clips, ratio):
         seen["served"], seen["oracle"] = mask(rows, grid, merge, q), vidcom2_keep_mask(rows, grid, merge, q)
         return seen["served"]
 
-    reference = hf_pruned_greedy(model_dir, clips["noise"], 1 - ratio, mask_oracle=checked)
+    reference = hf_pruned_greedy(model_dir, clip, 1 - ratio, mask_oracle=checked)
     assert_matches_hf(reply, reference, HF_TOLERANCE[architecture])
     # Qwen2.5-VL's two encoders round apart by ~1e-3 (see HF_TOLERANCE): a few near-equal rows
     # may swap (measured: 2 swaps in 288 at ratio .5); Qwen2-VL's agree to 1e-5 and so must the masks.
