@@ -10,6 +10,11 @@
    `torch.ops.sgl_kernel.*_cpu` ops at import; register those op names first,
    or the processor silently fails to register. The Gated DeltaNet backend
    modules look up (and later call) two more ops at import.
+4. `sglang.kernels.ops.attention.fla.layernorm_gated` (Gated DeltaNet's output norm)
+   takes its CPU kernel only on Intel AMX machines and Triton (CUDA) elsewhere; once
+   imported, it is pointed at the `fused_rmsnorm_gated_cpu` stand-in on every CPU.
+5. `sglang.srt.models.qwen2_moe` (Qwen3.5-MoE's sparse block) gates its shared expert with
+   Triton kernels where there is no AMX: pure-torch ones (`runtime/elementwise.py`) replace them.
 """
 
 import importlib.abc
@@ -48,6 +53,41 @@ SGLANG_CPU_BEFORE_IMPORT: dict[str, Callable[[], None]] = {
 }
 
 
+def _gated_norm_on_cpu(module: ModuleType) -> None:
+    from sglang_evs.runtime.torch_ops import define_sgl_kernel_ops
+
+    define_sgl_kernel_ops()
+    module._use_cpu = True  # read at call time by its RMSNorm.forward
+
+
+def _shared_expert_gate_on_cpu(module: ModuleType) -> None:
+    from sglang_evs.runtime import elementwise
+
+    module.fused_gate_sigmoid_mul = elementwise.fused_gate_sigmoid_mul
+    module.fused_gate_sigmoid_mul_add = elementwise.fused_gate_sigmoid_mul_add
+
+
+# module name -> work to do on the module right after it was imported
+SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
+    "sglang.srt.models.qwen2_moe": _shared_expert_gate_on_cpu,
+}
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """The real loader, then a fix applied to the module it executed."""
+
+    def __init__(self, loader: importlib.abc.Loader, finish: Callable[[ModuleType], None]) -> None:
+        self.loader, self.finish = loader, finish
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        self.finish(module)
+
+
 class _AliasLoader(importlib.abc.Loader):
     """Loads a stand-in module under an `sgl_kernel` name."""
 
@@ -64,6 +104,7 @@ class CpuImportFixes(importlib.abc.MetaPathFinder):
     def __init__(self, sglang_fixes: bool) -> None:
         self.sglang_fixes = sglang_fixes
         self._before_import = dict(ALWAYS_BEFORE_IMPORT)
+        self._after_import = dict(SGLANG_CPU_AFTER_IMPORT) if sglang_fixes else {}
         if sglang_fixes:
             self._before_import.update(SGLANG_CPU_BEFORE_IMPORT)
 
@@ -80,4 +121,12 @@ class CpuImportFixes(importlib.abc.MetaPathFinder):
         prepare = self._before_import.pop(fullname, None)
         if prepare is not None:
             prepare()
+        finish = self._after_import.pop(fullname, None)
+        if finish is not None:
+            for finder in sys.meta_path:
+                found = None if finder is self else getattr(finder, "find_spec", None)
+                spec = found(fullname, path, target) if found is not None else None
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _ThenLoader(spec.loader, finish)
+                    return spec
         return None  # let the regular finders import the real module

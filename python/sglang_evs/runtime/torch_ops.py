@@ -7,15 +7,94 @@ from sglang_evs.runtime.sgl_kernel_mamba import VERIFY_UNSUPPORTED
 
 _libraries: list[torch.library.Library] = []  # keep alive: dropping one unregisters its ops
 
-# Looked up at import by sglang/srt/models/qwen3_5.py on CPU; never called on
-# the Qwen3-VL path. `convert_weight_packed` is deliberately absent: its
+# Looked up at import by sglang/srt/models/qwen3_5.py on CPU and called by its layers
+# (schemas from those call sites). `convert_weight_packed` is deliberately absent: its
 # presence switches SGLang to Intel AMX kernels.
 QWEN3_5_CPU_OPS = (
     "fused_sigmoid_mul_cpu(Tensor(a!) x, Tensor gate) -> ()",
-    "fused_qk_gemma_rmsnorm_cpu(Tensor q, Tensor k, Tensor qw, Tensor kw, float eps) -> ()",
-    "fused_qk_gemma_rmsnorm_with_gate_cpu(Tensor q, Tensor k, Tensor qw, Tensor kw, float eps) -> ()",
-    "fused_qkvzba_split_reshape_cat_contiguous_cpu(Tensor x) -> ()",
+    (
+        "fused_qk_gemma_rmsnorm_cpu(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps, "
+        "int head_dim) -> (Tensor, Tensor)"
+    ),
+    (
+        "fused_qk_gemma_rmsnorm_with_gate_cpu(Tensor q_gate, Tensor k, Tensor q_weight, Tensor k_weight, "
+        "float eps, int head_dim, int num_heads) -> (Tensor, Tensor, Tensor)"
+    ),
+    (
+        "fused_qkvzba_split_reshape_cat_contiguous_cpu(Tensor mixed_qkvz, Tensor mixed_ba, int num_heads_qk, "
+        "int num_heads_v, int head_qk, int head_v) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+    # Gated DeltaNet's output norm (kernels/ops/attention/fla/layernorm_gated.py, see import_fixes)
+    "fused_rmsnorm_gated_cpu(Tensor x, Tensor weight, Tensor? z, float eps) -> Tensor",
 )
+
+
+def fused_sigmoid_mul_cpu(x: torch.Tensor, gate: torch.Tensor) -> None:
+    """x [T, H*D] *= sigmoid(gate) in place; gate [T, H*D] or [T, H, D] (a strided view)."""
+    x.copy_(x.float() * torch.sigmoid(gate.reshape(x.shape).float()))
+
+
+def _gemma_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Rows of x normalised in float32 and scaled by (1 + weight), as Qwen3.5's q/k norms."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + weight.float())).to(x.dtype)
+
+
+def fused_qk_gemma_rmsnorm_cpu(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H*D], k [T, KH*D] (views allowed) -> per-head normalised [T*H, D], [T*KH, D], contiguous."""
+    return (
+        _gemma_rmsnorm(q.reshape(-1, head_dim), q_weight, eps).contiguous(),
+        _gemma_rmsnorm(k.reshape(-1, head_dim), k_weight, eps).contiguous(),
+    )
+
+
+def fused_qk_gemma_rmsnorm_with_gate_cpu(
+    q_gate: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    head_dim: int,
+    num_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q_gate [T, H*2D] interleaved per head [q_h | gate_h], k [T, KH*D] -> normalised q [T*H, D],
+    normalised k [T*KH, D] and the gate [T*H, D], all contiguous."""
+    per_head = q_gate.reshape(q_gate.shape[0], num_heads, 2 * head_dim)
+    q, gate = per_head[..., :head_dim], per_head[..., head_dim:]
+    q_out, k_out = fused_qk_gemma_rmsnorm_cpu(q, k, q_weight, k_weight, eps, head_dim)
+    return q_out, k_out, gate.reshape(-1, head_dim).clone()
+
+
+def fused_qkvzba_split_reshape_cat_contiguous_cpu(
+    mixed_qkvz: torch.Tensor, mixed_ba: torch.Tensor, num_heads_qk: int, num_heads_v: int, head_qk: int, head_v: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet input projections [q | k | v | z] and [b | a] (all heads of each, contiguous)
+    -> mixed_qkv [T, 2*HQK*Dk + HV*Dv], z [T, HV, Dv], b [T, HV], a [T, HV], fresh tensors."""
+    key, value = num_heads_qk * head_qk, num_heads_v * head_v
+    qkv, z = mixed_qkvz.split([2 * key + value, value], dim=-1)
+    b, a = mixed_ba.split([num_heads_v, num_heads_v], dim=-1)
+    return qkv.contiguous().clone(), z.reshape(-1, num_heads_v, head_v).clone(), b.clone(), a.clone()
+
+
+def fused_rmsnorm_gated_cpu(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMS norm of each row of x [T, D] times weight, then times silu(z) [T, D] (norm before gate)."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    if z is None:
+        return normed
+    return (normed.float() * torch.nn.functional.silu(z.float())).to(x.dtype)
+
+
+QWEN3_5_CPU_IMPLS = {
+    "fused_rmsnorm_gated_cpu": fused_rmsnorm_gated_cpu,
+    "fused_sigmoid_mul_cpu": fused_sigmoid_mul_cpu,
+    "fused_qk_gemma_rmsnorm_cpu": fused_qk_gemma_rmsnorm_cpu,
+    "fused_qk_gemma_rmsnorm_with_gate_cpu": fused_qk_gemma_rmsnorm_with_gate_cpu,
+    "fused_qkvzba_split_reshape_cat_contiguous_cpu": fused_qkvzba_split_reshape_cat_contiguous_cpu,
+}
 
 
 # Gated DeltaNet ops that sglang/srt/layers/attention/linear/{gdn_backend.py,
@@ -92,13 +171,6 @@ def _op_exists(namespace: str, name: str) -> bool:
     return torch._C._dispatch_has_kernel(f"{namespace}::{name}") or hasattr(getattr(torch.ops, namespace), name)
 
 
-def _not_available(name: str):
-    def fail(*args, **kwargs):
-        raise NotImplementedError(f"sgl_kernel::{name} has no CPU implementation in sglang-evs")
-
-    return fail
-
-
 def define_sgl_kernel_ops() -> None:
     """Idempotent: defines whichever of the ops above do not exist yet."""
     missing = [s for s in QWEN3_5_CPU_OPS + GDN_CPU_OPS if not _op_exists("sgl_kernel", s.split("(")[0])]
@@ -108,7 +180,7 @@ def define_sgl_kernel_ops() -> None:
     for schema in missing:
         name = schema.split("(")[0]
         lib.define(schema)
-        lib.impl(name, GDN_CPU_IMPLS.get(name) or _not_available(name), "CompositeExplicitAutograd")
+        lib.impl(name, {**QWEN3_5_CPU_IMPLS, **GDN_CPU_IMPLS}[name], "CompositeExplicitAutograd")
     _libraries.append(lib)
 
 
