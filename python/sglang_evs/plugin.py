@@ -96,14 +96,13 @@ def trace_prefill_graph_replay(result, runner, forward_batch, *args, **kwargs):
 
 
 def route_embed_routine(upstream, *args, **kwargs):
-    """AROUND hook on SGLang's general_mm_embed_routine.
+    """AROUND hook on SGLang's general_mm_embed_routine: every caller gets this project's routine.
 
-    Callers that still hand over deepstack through the routine's legacy
-    `use_deepstack` argument (upstream models we do not replace, e.g. Qwen3.5)
-    keep SGLang's own routine; every other caller gets the generic one.
+    Every model that still passes deepstack through the routine's legacy `use_deepstack`
+    argument (upstream Qwen3-VL's forward and its subclasses) is answered by a class of this
+    project (`models/registry.py`), whose `post_process` moves deepstack into the language
+    model's fixed buffer; so the argument carries nothing the routine needs.
     """
-    if kwargs.get("use_deepstack"):
-        return upstream(*args, **kwargs)
     kwargs.pop("use_deepstack", None)
     from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
 

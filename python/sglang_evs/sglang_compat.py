@@ -48,6 +48,18 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen3LLMModel": "sglang.srt.models.qwen3_vl:Qwen3LLMModel",
     "UpstreamQwen3VLMoe": "sglang.srt.models.qwen3_vl_moe:Qwen3VLMoeForConditionalGeneration",
     "UpstreamQwen3MoeLLMModel": "sglang.srt.models.qwen3_vl_moe:Qwen3MoeLLMModel",
+    # Qwen3.5 / Qwen3.6 (hybrid Gated DeltaNet language models)
+    "UpstreamQwen3_5": "sglang.srt.models.qwen3_5:Qwen3_5ForConditionalGeneration",
+    "UpstreamQwen3_5LLMModel": "sglang.srt.models.qwen3_5:Qwen3_5ForCausalLM",
+    "UpstreamQwen3_5Moe": "sglang.srt.models.qwen3_5:Qwen3_5MoeForConditionalGeneration",
+    "UpstreamQwen3_5MoeLLMModel": "sglang.srt.models.qwen3_5:Qwen3_5MoeForCausalLM",
+    # the other architectures that run upstream Qwen3-VL's forward (and its legacy `use_deepstack`)
+    "UpstreamInternS1Pro": "sglang.srt.models.interns1pro:InternS1ProForConditionalGeneration",
+    "UpstreamInternS1ProTextModel": "sglang.srt.models.interns1pro:InternS1ProTextModel",
+    "UpstreamInternS2Mobius": "sglang.srt.models.interns2_mobius:InternS2MobiusForConditionalGeneration",
+    "UpstreamInternS2MobiusLLMModel": "sglang.srt.models.interns2_mobius:InternS2MobiusForCausalLM",
+    "UpstreamInternS2Preview": "sglang.srt.models.interns2preview:InternS2PreviewForConditionalGeneration",
+    "UpstreamCosmos3": "sglang.srt.models.cosmos3:Cosmos3ForConditionalGeneration",
     # Qwen2-VL, Qwen2.5-VL (both on SGLang's Qwen2 language model)
     "UpstreamQwen2VL": "sglang.srt.models.qwen2_vl:Qwen2VLForConditionalGeneration",
     "UpstreamQwen2_5_VL": "sglang.srt.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",

@@ -1,8 +1,10 @@
-"""What every model adapter's methods do; each adapter class calls these explicitly.
+"""What every model adapter does, as one mixin (`AdaptedModel`) placed before the upstream class.
 
-An adapter (`qwen3_vl.py`, `qwen2_vl.py`) subclasses an upstream SGLang model and declares
-only what differs between families: its language model class (upstream's plus
-`ReadsGraphInputs`) and how many deepstack levels its vision tower adds. The rest is here:
+An adapter (`qwen3_vl.py`, `qwen2_vl.py`, `qwen3_5.py`, `qwen3_vl_derived.py`) subclasses an
+upstream SGLang model with this mixin first and declares only what differs between families:
+its language model class (upstream's plus `ReadsGraphInputs`) and whether its videos are pruned.
+The deepstack levels are the vision tower's (`num_deepstack_embeddings`, 0 where upstream has none).
+The rest is here:
   - `attach`: the language model's fixed-address `GraphInputs` and the model's `PrunedVideos`;
   - `post_process`: the routine's hook (multimodal/contract.py), every forward;
   - `forward`: upstream's forward, through the generic embedding routine.
@@ -30,9 +32,39 @@ from sglang_evs.pruning.videos import PrunedVideos
 logger = logging.getLogger(__name__)
 
 
-def attach(model, language_model_cls: type, deepstack_levels: int, encode_videos) -> None:
+class AdaptedModel:
+    """Mixin for an upstream SGLang VLM: the generic routine, `post_process`, and (where
+    `prunes_videos`) EVS for its videos. List it before the upstream class."""
+
+    implements_post_process_contract = True
+    language_model_cls: type  # upstream's language model class with `ReadsGraphInputs` first
+    prunes_videos = True  # False: its processor is not the pruning one; videos pass through untouched
+
+    def __init__(self, config, quant_config=None, prefix: str = "") -> None:
+        super().__init__(config, quant_config, prefix)
+        encode = super().get_video_feature if self.prunes_videos else None
+        attach(self, config, self.language_model_cls, getattr(self, "num_deepstack_embeddings", 0), encode)
+
+    def get_video_feature(self, items):
+        if self.pruned_videos is None:
+            return super().get_video_feature(items)
+        return self.pruned_videos.features(items)
+
+    def post_process(self, fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]:
+        return post_process(self, fetched, layout)
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
+                pp_proxy_tensors=None):  # fmt: skip
+        # `input_embeds` is accepted and unused, as upstream Qwen2-VL's: the routine computes them.
+        if getattr(self, "language_model_only", False):
+            return super().forward(input_ids, positions, forward_batch, get_embedding, pp_proxy_tensors)
+        return forward(self, input_ids, positions, forward_batch, get_embedding, pp_proxy_tensors)
+
+
+def attach(model, config, language_model_cls: type, deepstack_levels: int, encode_videos) -> None:
     """Re-class upstream's language model as ours and give it its buffers; give the model its
-    `PrunedVideos` (`encode_videos`: the upstream video getter, bound to the model)."""
+    `PrunedVideos` (`config`: the checkpoint's whole config, as the model was given it;
+    `encode_videos`: the upstream video getter, bound to the model; None: videos not pruned)."""
     if type(model.model) in language_model_cls.__bases__:
         model.model.__class__ = language_model_cls  # upstream built it; ours adds only a forward override
     model.model.graph_inputs = GraphInputs(
@@ -40,7 +72,9 @@ def attach(model, language_model_cls: type, deepstack_levels: int, encode_videos
         deepstack_width=deepstack_levels * model.config.hidden_size,
         mrope=bool(model.is_mrope_enabled),
     )
-    model.pruned_videos = PrunedVideos(model.config, model.model.embed_tokens, encode_videos)
+    model.pruned_videos = (
+        None if encode_videos is None else PrunedVideos(config, model.model.embed_tokens, encode_videos)
+    )
     buffers = model.model.graph_inputs
     logger.info(
         "sglang-evs %s: %d deepstack levels and M-RoPE positions in fixed buffers of %d rows",
@@ -63,7 +97,7 @@ def post_process(model, fetched: list[FetchedEmbedding], layout: BatchLayout) ->
     if not reads_graph_inputs(forward_batch.forward_mode):
         return fetched
     carried = model.model.graph_inputs.write(layout.num_tokens, forward_batch.mrope_positions)
-    if carried.positions is not None:
+    if carried.positions is not None and model.pruned_videos is not None:
         model.pruned_videos.write_positions(layout, carried.positions)
     setattr(forward_batch, CARRIED_FIELD, carried)
     if carried.deepstack is None:

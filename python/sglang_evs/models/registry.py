@@ -6,25 +6,35 @@ processor for their upstream classes.
 """
 
 import importlib
-from typing import Any
+from typing import Any, NamedTuple
 
-# architecture -> (our class "module:Class", the upstream class's name in sglang_compat)
-MODELS = {
-    "Qwen3VLForConditionalGeneration": (
-        "sglang_evs.models.qwen3_vl:Qwen3VLForConditionalGeneration",
-        "UpstreamQwen3VL",
+
+class Entry(NamedTuple):
+    ours: str  # "module:Class" under sglang_evs.models
+    upstream: str  # the upstream class's name in sglang_compat
+    evs: bool = True  # videos pruned: the pruning processor replaces upstream's Qwen-VL one
+
+
+# Every SGLang architecture whose model runs upstream Qwen3-VL's forward is here: that forward
+# hands deepstack to the routine through its legacy `use_deepstack` argument, which ours lacks.
+MODELS: dict[str, Entry] = {
+    "Qwen3VLForConditionalGeneration": Entry("qwen3_vl:Qwen3VLForConditionalGeneration", "UpstreamQwen3VL"),
+    "Qwen3VLMoeForConditionalGeneration": Entry("qwen3_vl:Qwen3VLMoeForConditionalGeneration", "UpstreamQwen3VLMoe"),
+    "Qwen3_5ForConditionalGeneration": Entry("qwen3_5:Qwen3_5ForConditionalGeneration", "UpstreamQwen3_5"),
+    "Qwen3_5MoeForConditionalGeneration": Entry("qwen3_5:Qwen3_5MoeForConditionalGeneration", "UpstreamQwen3_5Moe"),
+    "Qwen2_5_VLForConditionalGeneration": Entry("qwen2_vl:Qwen2_5_VLForConditionalGeneration", "UpstreamQwen2_5_VL"),
+    "Qwen2VLForConditionalGeneration": Entry("qwen2_vl:Qwen2VLForConditionalGeneration", "UpstreamQwen2VL"),
+    "InternS1ProForConditionalGeneration": Entry(
+        "qwen3_vl_derived:InternS1ProForConditionalGeneration", "UpstreamInternS1Pro", evs=False
     ),
-    "Qwen3VLMoeForConditionalGeneration": (
-        "sglang_evs.models.qwen3_vl:Qwen3VLMoeForConditionalGeneration",
-        "UpstreamQwen3VLMoe",
+    "InternS2MobiusForConditionalGeneration": Entry(
+        "qwen3_vl_derived:InternS2MobiusForConditionalGeneration", "UpstreamInternS2Mobius", evs=False
     ),
-    "Qwen2_5_VLForConditionalGeneration": (
-        "sglang_evs.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
-        "UpstreamQwen2_5_VL",
+    "InternS2PreviewForConditionalGeneration": Entry(
+        "qwen3_vl_derived:InternS2PreviewForConditionalGeneration", "UpstreamInternS2Preview", evs=False
     ),
-    "Qwen2VLForConditionalGeneration": (
-        "sglang_evs.models.qwen2_vl:Qwen2VLForConditionalGeneration",
-        "UpstreamQwen2VL",
+    "Cosmos3ForConditionalGeneration": Entry(
+        "qwen3_vl_derived:Cosmos3ForConditionalGeneration", "UpstreamCosmos3", evs=False
     ),
 }
 
@@ -33,14 +43,15 @@ def model_class(architecture: str) -> Any | None:
     entry = MODELS.get(architecture)
     if entry is None:
         return None
-    module_name, _, class_name = entry[0].partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    module_name, _, class_name = entry.ours.partition(":")
+    return getattr(importlib.import_module(f"sglang_evs.models.{module_name}"), class_name)
 
 
 def upstream_classes() -> list[Any]:
+    """The upstream classes whose processor is the pruning one."""
     from sglang_evs import sglang_compat
 
-    return [sglang_compat.resolve(upstream) for _, upstream in MODELS.values()]
+    return [sglang_compat.resolve(entry.upstream) for entry in MODELS.values() if entry.evs]
 
 
 def resolve_model_cls_around(original, registry, architectures):
