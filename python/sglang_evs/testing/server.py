@@ -1,5 +1,6 @@
 """Start `python -m sglang.launch_server` as a subprocess on CPU and wait until it serves."""
 
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,15 @@ CPU_SERVER_ARGS = (
     "--sleep-on-idle",  # an idle scheduler otherwise busy-polls a whole core
 )  # fmt: skip
 
+# Models with linear-attention layers (Qwen3.5's Gated DeltaNet) keep per-request recurrent state in
+# SGLang's Mamba pool. On CPU: its radix cache only without the extra state buffer, no overlap
+# scheduler, and a capped pool (by default it reserves about 5.8 GB here).
+HYBRID_CPU_SERVER_ARGS = (
+    "--mamba-radix-cache-strategy", "no_buffer",
+    "--disable-overlap-schedule",
+    "--max-mamba-cache-size", "64",
+)  # fmt: skip
+
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 CPU_ROUTE_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
 CPU_ENV = {**CPU_ROUTE_ENV, **OFFLINE_ENV}
@@ -34,6 +44,20 @@ def server_environment(cpu: bool, extra: dict[str, str] | None = None, base: dic
         for key in CPU_ROUTE_ENV:
             env.pop(key, None)
     return {**env, **(CPU_ENV if cpu else OFFLINE_ENV), **(extra or {})}
+
+
+def is_hybrid(model_path: str | Path) -> bool:
+    """Whether a local checkpoint has linear-attention layers (False where there is no config.json)."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return False
+    config = json.loads(config_file.read_text())
+    layer_types = config.get("text_config", config).get("layer_types") or []
+    return "linear_attention" in layer_types
+
+
+def cpu_server_args(model_path: str | Path) -> tuple[str, ...]:
+    return CPU_SERVER_ARGS + (HYBRID_CPU_SERVER_ARGS if is_hybrid(model_path) else ())
 
 
 def free_port() -> int:
@@ -80,7 +104,7 @@ def start_server(
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_path),
         "--host", "127.0.0.1", "--port", str(port),
-        *(CPU_SERVER_ARGS if cpu else ()), *extra_args,
+        *(cpu_server_args(model_path) if cpu else ()), *extra_args,
     ]  # fmt: skip
     log = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
     process = subprocess.Popen(

@@ -1,0 +1,362 @@
+"""Qwen3.5 and Qwen3.5-MoE served by this project's classes on the CPU route (float32).
+
+The language model is hybrid (Gated DeltaNet layers with per-request recurrent state, and full
+attention), served with SGLang's hybrid cache, chunked prefill and its radix cache. Servers are
+few and run one at a time: the module fixture runs every request first and the tests assert on
+what came back.
+
+Per architecture: an upstream server (`SGLANG_PLUGINS=none`) and a plugin server, both with a
+chunk size that cuts the video but not the image; for the dense model a third server whose
+default rate is 0.5, with a chunk size that cuts inside the video's groups.
+"""
+
+import asyncio
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from sglang_evs import trace
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs
+from sglang_evs.testing.server import running_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
+from evs_oracle import keep_mask  # noqa: E402  (the keep-mask oracle written here)
+from test_evs_serving import assert_same_generation  # noqa: E402
+
+# Chunk sizes change where the Gated DeltaNet recurrence hands its float32 state from one prefill
+# chunk to the next, which moves logprobs more than attention alone does (measured here at q = 0,
+# where the plugin serves bit-identically to upstream: see the chunk test).
+HYBRID_CHUNK_TOLERANCE = 1e-3
+
+ARCHITECTURES = {
+    "Qwen3_5ForConditionalGeneration": "tiny_qwen3_5_dir",
+    "Qwen3_5MoeForConditionalGeneration": "tiny_qwen3_5_moe_dir",
+}
+DENSE = "Qwen3_5ForConditionalGeneration"
+RATES = (0.0, 0.25, 0.5, 0.75, 0.9)
+ORACLE_RATES = (0.5, 0.75)
+GROUPS = 4  # a 16-frame 4 fps clip -> SGLang samples 8 frames -> 4 temporal groups
+CHUNK = 128  # above the image's prompt (80 tokens), below every video's
+SMALL_CHUNK = 33  # cuts inside groups and on framing tokens
+BAD_RATES = (1.5, -0.5, "fast")
+METRICS = ("sglang_evs_video_tokens_before_pruning_total", "sglang_evs_video_tokens_after_pruning_total")
+
+
+def rate(q: float) -> dict:
+    return {"mm_processor_kwargs": {"video_pruning_rate": q}}
+
+
+def parity_cases(media_dir: Path) -> dict[str, tuple[str, dict]]:
+    return {
+        "text": (chat_prompt(text="Count the objects in the scene."), {}),
+        "image": (chat_prompt(IMAGE), media_kwargs(images=[media_dir / "image.png"])),
+        "video": (chat_prompt(VIDEO), media_kwargs(videos=[media_dir / "moving.mp4"])),
+        "image_video": (
+            chat_prompt(IMAGE, VIDEO),
+            media_kwargs(images=[media_dir / "image2.png"], videos=[media_dir / "noise.mp4"]),
+        ),
+    }
+
+
+def mixed_cases(clips: dict[str, Path], media_dir: Path) -> list[tuple[str, dict, float]]:
+    image, image2 = media_dir / "image.png", media_dir / "image2.png"
+    return [
+        (chat_prompt(VIDEO, IMAGE), media_kwargs(images=[image], videos=[clips["moving"]]), 0.75),
+        (chat_prompt(IMAGE, VIDEO, VIDEO), media_kwargs(images=[image2], videos=[clips["noise"], clips["moving"]]),
+         0.5),
+        (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[clips["static"], clips["noise"]]), 0.0),
+        (chat_prompt(text="Count the objects."), {}, 0.75),
+    ]
+
+
+@dataclass
+class Served:
+    """What one architecture's servers answered."""
+
+    upstream: dict[str, Generation] = field(default_factory=dict)
+    plugin: dict[str, Generation] = field(default_factory=dict)
+    evs: dict[tuple[str, float], Generation] = field(default_factory=dict)  # (clip, q)
+    evs_repeat: Generation | None = None  # (moving, 0.5) again: a radix hit
+    cache_keys: list[Generation] = field(default_factory=list)  # unseen clip at .25, .25, .75
+    mixed_alone: list[Generation] = field(default_factory=list)
+    mixed_together: list[Generation] = field(default_factory=list)
+    bad: list[tuple[int, str]] = field(default_factory=list)
+    after_bad: list[Generation] = field(default_factory=list)
+    metrics_delta: dict[str, float] = field(default_factory=dict)
+    metered: Generation | None = None
+    trace_path: Path | None = None
+    small_chunk: list[Generation] = field(default_factory=list)  # server default 0.5, chunk 33
+    small_chunk_mixed: Generation | None = None
+    small_chunk_unpruned: Generation | None = None
+
+
+def evs_metrics(base_url: str) -> dict[str, float]:
+    lines = requests.get(f"{base_url}/metrics", timeout=30).text.splitlines()
+    return {k: float(v) for k, v in (ln.split() for ln in lines if ln.startswith("sglang_evs_"))}
+
+
+def video(base_url: str, clip: Path, q: float | None = None) -> Generation:
+    extra = rate(q) if q is not None else {}
+    return generate(base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **extra)[0]
+
+
+def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clips: dict, out: Path) -> Served:
+    served = Served(trace_path=out / "trace.jsonl")
+    args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
+    cases = parity_cases(media_dir)
+
+    def run_parity(base_url: str) -> dict[str, Generation]:
+        results = {name: generate(base_url, prompt, **kw)[0] for name, (prompt, kw) in cases.items()}
+        results["radix_repeat"] = generate(base_url, cases["image_video"][0], **cases["image_video"][1])[0]
+        return results
+
+    with running_server(model_dir, out / "upstream.log", args, env={"SGLANG_PLUGINS": "none"}) as server:
+        served.upstream = run_parity(server.base_url)
+
+    env = {"SGLANG_EVS_TRACE": str(served.trace_path)}
+    with running_server(model_dir, out / "plugin.log", [*args, "--enable-metrics"], env=env) as server:
+        url = server.base_url
+        served.plugin = run_parity(url)
+        for q in RATES:
+            served.evs["moving", q] = video(url, clips["moving"], q)
+        for q in ORACLE_RATES:
+            served.evs["noise", q] = video(url, clips["noise"], q)
+        served.evs_repeat = video(url, clips["moving"], 0.5)
+        unseen = media.write_clip(out / "unseen.mp4", "noise", num_frames=16, fps=4, seed=11)
+        served.cache_keys = [video(url, unseen, q) for q in (0.25, 0.25, 0.75)]
+        mixed = mixed_cases(clips, media_dir)
+        served.mixed_alone = [generate(url, p, **kw, **rate(q))[0] for p, kw, q in mixed]
+        with ThreadPoolExecutor(len(mixed)) as pool:
+            served.mixed_together = list(pool.map(lambda c: generate(url, c[0], **c[1], **rate(c[2]))[0], mixed))
+        for bad in BAD_RATES:
+            reply = requests.post(
+                f"{url}/generate",
+                json={"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], **rate(bad),
+                      "sampling_params": {"max_new_tokens": 2}},
+                timeout=120,
+            )  # fmt: skip
+            served.bad.append((reply.status_code, reply.text))
+            served.after_bad.append(video(url, clips["moving"], 0.75))
+        before = evs_metrics(url)
+        served.metered = video(url, media.write_clip(out / "metered.mp4", "moving", num_frames=16, fps=4, seed=7), 0.5)
+        after = evs_metrics(url)
+        served.metrics_delta = {k: after[k] - before.get(k, 0.0) for k in METRICS}
+
+    if architecture == DENSE:
+        args = ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK)]
+        args += ["--json-model-override-args", '{"video_pruning_rate": 0.5}']
+        with running_server(model_dir, out / "small-chunk.log", args) as server:
+            served.small_chunk = [video(server.base_url, clips["moving"]) for _ in range(2)]
+            prompt, kw, _ = mixed_cases(clips, media_dir)[1]
+            served.small_chunk_mixed = generate(server.base_url, prompt, **kw)[0]
+            served.small_chunk_unpruned = video(server.base_url, clips["moving"], 0.0)
+    return served
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("qwen3_5_clips")
+    return {
+        kind: media.write_clip(out / f"{kind}.mp4", kind, num_frames=16, fps=4, seed=3) for kind in media.CLIP_KINDS
+    }
+
+
+@pytest.fixture(scope="module")
+def served(request, media_dir, clips, tmp_path_factory) -> dict[str, Served]:
+    results = {}
+    for architecture, fixture in ARCHITECTURES.items():
+        out = tmp_path_factory.mktemp(architecture)
+        model_dir = request.getfixturevalue(fixture)
+        results[architecture] = serve_architecture(architecture, model_dir, media_dir, clips, out)
+    return results
+
+
+@pytest.fixture(params=list(ARCHITECTURES))
+def arch(request) -> str:
+    return request.param
+
+
+# --- q = 0: this project's classes serve exactly as upstream's
+
+
+def test_plugin_serves_bit_identically_to_upstream(served, arch):
+    """Text, image, video, image + video (the videos cut by the chunk size) and a radix repeat:
+    tokens, logprobs and top-5 logprobs equal exactly."""
+    got = served[arch]
+    assert set(got.plugin) == {"text", "image", "video", "image_video", "radix_repeat"}
+    assert got.plugin == got.upstream
+    assert got.plugin["radix_repeat"].cached_tokens > 0
+    assert got.plugin["image"].output_ids != got.plugin["video"].output_ids  # media reach the model
+
+
+def test_our_classes_and_routine_served_with_no_deepstack_buffer(served, arch):
+    trace_path = served[arch].trace_path
+    (allocated,) = trace.read(trace_path, "graph_inputs_allocated")
+    assert allocated["model"] == arch and allocated["deepstack_ptr"] is None  # width 0: no buffer
+    calls = trace.read(trace_path, "embed_routine")
+    assert {c["model"] for c in calls} == {arch}
+    assert sum(sum(c["media_rows"]) for c in calls) > 0
+    extend = [c for c in trace.read(trace_path, "language_model_inputs") if c["mode"] == "EXTEND"]
+    assert extend and {c["positions_ptr"] for c in extend} == {allocated["positions_ptr"]}
+    assert {c["deepstack_ptr"] for c in extend} == {None}
+
+
+# --- EVS
+
+
+@pytest.mark.parametrize("q", RATES)
+def test_prompt_tokens_follow_the_retained_count(served, arch, q):
+    unpruned, pruned = served[arch].evs["moving", 0.0], served[arch].evs["moving", q]
+    tokens = unpruned.meta["video_tokens"]
+    per_group = tokens // GROUPS
+    assert per_group * GROUPS == tokens
+    kept = max(per_group, int(GROUPS * per_group * (1 - q)))  # the EVS count, written out here
+    assert pruned.prompt_tokens == unpruned.prompt_tokens - (tokens - kept)
+    assert pruned.meta["video_tokens"] == kept
+    if q > 0:
+        assert pruned.meta["video_tokens_before_pruning"] == tokens
+        assert pruned.meta["video_tokens_after_pruning"] == kept
+        assert pruned.meta["video_pruning_rate"] == q
+
+
+def max_logprob_gap(got: Generation, want: Generation) -> float:
+    return max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True))
+
+
+def assert_same_tokens(got: Generation, want: Generation, context: str) -> None:
+    assert got.prompt_tokens == want.prompt_tokens, context
+    assert got.output_ids == want.output_ids, context
+    assert [[t for _, t in step] for step in got.top_logprobs] == [[t for _, t in step] for step in want.top_logprobs]
+    assert max_logprob_gap(got, want) < HYBRID_CHUNK_TOLERANCE, context
+
+
+def test_chunk_sizes_and_radix_hits_give_identical_tokens(served):
+    """The plugin server cuts the video at 128 tokens; the small-chunk server (default rate 0.5)
+    cuts inside its groups, then serves it again from the radix cache."""
+    got = served[DENSE]
+    reference = got.evs["moving", 0.5]
+    assert got.evs_repeat.cached_tokens > 0
+    assert_same_generation(got.evs_repeat, reference, "radix hit, chunk 128")
+    first, again = got.small_chunk
+    assert again.cached_tokens > 0
+    assert_same_tokens(first, reference, "chunk 33")
+    assert_same_tokens(again, reference, "chunk 33, radix hit")
+    assert_same_tokens(got.small_chunk_mixed, got.mixed_alone[1], "image and two videos, chunk 33 vs 128")
+    # the same chunk sizes with nothing pruned: the rounding the tolerance allows for is there too
+    unpruned_gap = max_logprob_gap(got.small_chunk_unpruned, got.evs["moving", 0.0])
+    assert got.small_chunk_unpruned.output_ids == got.evs["moving", 0.0].output_ids
+    assert 0 < unpruned_gap < HYBRID_CHUNK_TOLERANCE
+
+
+def test_the_rate_is_part_of_the_cache_key(served, arch):
+    """The hybrid cache keeps linear-attention state only where a prefill chunk ended, so a repeat
+    hits up to the last chunk boundary (a multiple of the chunk size) inside the video."""
+    first, again, other = served[arch].cache_keys
+    assert again.cached_tokens >= (first.prompt_tokens - 1) // CHUNK * CHUNK > 20
+    assert other.cached_tokens < 20  # at most the text before the video
+
+
+def test_mixed_media_batched_equal_each_request_alone(served, arch):
+    got = served[arch]
+    for one, many in zip(got.mixed_alone, got.mixed_together, strict=True):
+        assert many.prompt_tokens == one.prompt_tokens
+        assert_same_generation(many, one, "batched vs alone")
+
+
+def test_bad_rates_get_400_and_serving_goes_on(served, arch):
+    got = served[arch]
+    for status, text in got.bad:
+        assert status == 400 and "video_pruning_rate must be a number in [0, 1)" in text
+    assert {tuple(g.output_ids) for g in got.after_bad} == {tuple(got.evs["moving", 0.75].output_ids)}
+
+
+def test_prometheus_counts_what_was_pruned(served, arch):
+    got = served[arch]
+    assert got.metrics_delta[METRICS[0]] == got.metered.meta["video_tokens_before_pruning"]
+    assert got.metrics_delta[METRICS[1]] == got.metered.meta["video_tokens_after_pruning"]
+    assert got.metered.meta["video_tokens_after_pruning"] < got.metered.meta["video_tokens_before_pruning"]
+
+
+# --- the independent oracle: HF transformers' Qwen3.5 given the kept tokens at the reference positions
+
+
+@cache
+def hf(model_dir: str):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(model_dir)
+
+
+def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Path | None = None, q: float = 0.0,
+              steps: int = 8) -> tuple[list[int], int]:  # fmt: skip
+    """Transformers' own processor, vision tower, `get_rope_index` and language model; a video's
+    pruned pads deleted from its tokens and positions (the reference rule), the decode offset grown
+    by their count."""
+    from PIL import Image
+    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
+    from sglang.srt.utils.common import load_video
+
+    model, processor = hf(str(model_dir))
+    kwargs: dict = {"images": [Image.open(image)]} if image else {}
+    if clip is not None:
+        frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+        kwargs |= {"videos": [frames], "video_metadata": [metadata], "do_sample_frames": False}
+    inputs = processor(text=[prompt], return_tensors="pt", **kwargs)  # as SGLang calls it
+    ids, cfg, inner = inputs["input_ids"][0], model.config, model.model
+    with torch.no_grad():
+        positions, delta = inner.get_rope_index(
+            ids[None], inputs["mm_token_type_ids"],
+            image_grid_thw=inputs.get("image_grid_thw"), video_grid_thw=inputs.get("video_grid_thw"),
+        )  # fmt: skip
+        embeds = inner.language_model.embed_tokens(ids)
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        if image is not None:
+            rows = inner.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+            embeds[ids == cfg.image_token_id] = torch.cat(list(rows))
+        if clip is not None:
+            grid = inputs["video_grid_thw"]
+            rows = torch.cat(list(inner.get_video_features(inputs["pixel_values_videos"], grid).pooler_output))
+            is_pad = ids == cfg.video_token_id
+            embeds[is_pad] = rows
+            if q > 0:
+                keep[is_pad] = keep_mask(rows, grid[0], cfg.vision_config.spatial_merge_size, q)
+        embeds, positions = embeds[keep], positions[:, :, keep]
+        offset = int(delta) + int((~keep).sum())
+        tokens = []
+        for _ in range(steps):
+            out = inner.language_model(inputs_embeds=embeds[None], position_ids=positions, use_cache=False)
+            token = int(model.lm_head(out.last_hidden_state[0, -1]).argmax())
+            tokens.append(token)
+            next_position = torch.full((3, 1, 1), embeds.shape[0] + offset)
+            embeds = torch.cat([embeds, inner.language_model.embed_tokens(torch.tensor([token]))])
+            positions = torch.cat([positions, next_position], dim=2)
+    return tokens, int(keep.sum())
+
+
+def test_unpruned_greedy_tokens_equal_hf(served, arch, media_dir, request):
+    model_dir = request.getfixturevalue(ARCHITECTURES[arch])
+    got = served[arch].plugin
+    image, _ = parity_cases(media_dir)["image"]
+    expected, prompt_len = hf_greedy(model_dir, image, image=media_dir / "image.png")
+    assert (got["image"].output_ids, got["image"].prompt_tokens) == (expected, prompt_len)
+    expected, prompt_len = hf_greedy(model_dir, chat_prompt(VIDEO), clip=media_dir / "moving.mp4")
+    assert (got["video"].output_ids, got["video"].prompt_tokens) == (expected, prompt_len)
+
+
+@pytest.mark.parametrize("q", ORACLE_RATES)
+@pytest.mark.parametrize("clip", ["noise", "moving"])
+def test_pruned_greedy_tokens_equal_hf_oracle(served, arch, clips, q, clip, request):
+    model_dir = request.getfixturevalue(ARCHITECTURES[arch])
+    expected, prompt_len = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=q)
+    got = served[arch].evs[clip, q]
+    assert got.prompt_tokens == prompt_len
+    assert got.output_ids == expected
