@@ -22,15 +22,19 @@ def _source_hash(*paths: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def build_cached_model(profile: str = "tiny", architecture: str | None = None) -> Path:
-    """Build the checkpoint once per version of the builder; later runs reuse it."""
+def build_cached_model(
+    profile: str = "tiny", architecture: str | None = None, overrides: dict | None = None, variant: str = ""
+) -> Path:
+    """Build the checkpoint once per version of the builder; later runs reuse it. `variant` names
+    the config `overrides` in the cache."""
     from sglang_evs.testing import tiny_model
 
     architecture = architecture or tiny_model.DEFAULT_ARCHITECTURE
-    out = CACHE / "models" / f"{architecture}-{profile}-{_source_hash(Path(tiny_model.__file__))}"
+    name = f"{architecture}-{profile}{'-' + variant if variant else ''}-{_source_hash(Path(tiny_model.__file__))}"
+    out = CACHE / "models" / name
     if not out.exists():  # built aside and renamed, so an interrupted build leaves nothing half-written
         partial = out.with_name(out.name + f".partial-{os.getpid()}")
-        tiny_model.build_tiny_model(partial, architecture, profile)
+        tiny_model.build_tiny_model(partial, architecture, profile, overrides)
         partial.rename(out)
     return out
 
@@ -63,6 +67,18 @@ def tiny_qwen3_5_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_5_moe_dir() -> Path:
     return build_cached_model("tiny", "Qwen3_5MoeForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_deepstack_dirs() -> tuple[Path, Path]:
+    """The tiny Qwen3.5 with a third vision layer, with and without deepstack levels on its three
+    layers (SGLang serves them; transformers ignores them); otherwise the same weights."""
+    with_levels = {"vision_config": {"depth": 3, "deepstack_visual_indexes": [0, 1, 2]}}
+    without = {"vision_config": {"depth": 3}}
+    return (
+        build_cached_model("tiny", "Qwen3_5ForConditionalGeneration", with_levels, "deepstack"),
+        build_cached_model("tiny", "Qwen3_5ForConditionalGeneration", without, "depth3"),
+    )
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ what came back.
 
 Per architecture: an upstream server (`SGLANG_PLUGINS=none`) and a plugin server, both with a
 chunk size that cuts the video but not the image, and a third server whose default rate is 0.5,
-with a chunk size that cuts inside the video's groups. VidCom2 reaches
+with a chunk size that cuts inside the video's groups. Then the dense model with a third vision layer and
+three deepstack levels (upstream, plugin, small chunks) and without them. VidCom2 reaches
 Qwen3.5 through the same mechanism as EVS: the plugin servers also answer requests that choose it.
 """
 
@@ -42,7 +43,7 @@ from evs_oracle import keep_mask as evs_keep_mask  # noqa: E402  (the oracles wr
 from test_evs_serving import assert_same_generation  # noqa: E402
 from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
 
-pytestmark = pytest.mark.slow  # six servers, one after another
+pytestmark = pytest.mark.slow  # ten servers, one after another
 
 # SGLang keeps the Gated DeltaNet conv state between prefill chunks in bfloat16 unless told
 # otherwise, so where a chunk ends would round the next chunk's input: up to 2.4e-3 in logprobs
@@ -422,3 +423,68 @@ def test_vidcom2_greedy_tokens_equal_hf_oracle(served, arch, clips, clip, reques
     model_dir = request.getfixturevalue(ARCHITECTURES[arch])
     reference = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=1 - r, keep_mask=vidcom2_keep_mask)
     assert_matches_hf(served[arch].vidcom2[clip, r], reference)
+
+
+# --- a Qwen3.5 checkpoint with deepstack levels: they travel in the fixed buffer
+
+
+@dataclass
+class DeepstackServed:
+    upstream: dict[str, Generation]
+    plugin: dict[str, Generation]
+    without_levels: dict[str, Generation]  # the same weights but the deepstack mergers
+    pruned: Generation  # (moving, 0.5), chunk 128
+    pruned_small_chunk: list[Generation]  # the same with chunk 33, then again from the radix cache
+    trace_path: Path
+
+
+@pytest.fixture(scope="module")
+def deepstack_served(tiny_qwen3_5_deepstack_dirs, media_dir, clips, tmp_path_factory) -> DeepstackServed:
+    out = tmp_path_factory.mktemp("qwen3_5_deepstack")
+    model_dir, without_levels = tiny_qwen3_5_deepstack_dirs
+    cases = parity_cases(media_dir)
+    args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
+    with running_server(model_dir, out / "upstream.log", args, env={**HYBRID_ENV, "SGLANG_PLUGINS": "none"}) as server:
+        upstream = {name: generate(server.base_url, p, **kw)[0] for name, (p, kw) in cases.items()}
+    trace_path = out / "trace.jsonl"
+    env = {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(trace_path)}
+    with running_server(model_dir, out / "plugin.log", args, env=env) as server:
+        plugin = {name: generate(server.base_url, p, **kw)[0] for name, (p, kw) in cases.items()}
+        pruned = video(server.base_url, clips["moving"], 0.5)
+    with running_server(without_levels, out / "without-levels.log", args, env=HYBRID_ENV) as server:
+        without = {name: generate(server.base_url, p, **kw)[0] for name, (p, kw) in cases.items()}
+    args = ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK)]
+    with running_server(model_dir, out / "small-chunk.log", args, env=HYBRID_ENV) as server:
+        small_chunk = [video(server.base_url, clips["moving"], 0.5) for _ in range(2)]
+    return DeepstackServed(upstream, plugin, without, pruned, small_chunk, trace_path)
+
+
+def test_deepstack_levels_serve_bit_identically_to_upstream(deepstack_served):
+    got = deepstack_served
+    assert got.plugin == got.upstream
+    # the same weights without the mergers answer otherwise: the levels reach the language model
+    assert got.without_levels["text"] == got.plugin["text"]
+    for name in ("image", "video", "image_video"):
+        assert got.without_levels[name].logprobs != got.plugin[name].logprobs, name
+
+
+def test_deepstack_travels_in_the_fixed_buffer(deepstack_served):
+    (allocated,) = trace.read(deepstack_served.trace_path, "graph_inputs_allocated")
+    assert allocated["deepstack_ptr"] is not None
+    written = trace.read(deepstack_served.trace_path, "deepstack")
+    assert {w["data_ptr"] for w in written} == {allocated["deepstack_ptr"]}
+    assert sum(w["nonzero_rows"] for w in written) > 0
+    # rows only where media are, none left over from an earlier forward
+    assert all(w["nonzero_rows"] <= w["media_rows"] for w in written)
+    extend = [c for c in trace.read(deepstack_served.trace_path, "language_model_inputs") if c["mode"] == "EXTEND"]
+    assert {c["deepstack_ptr"] for c in extend} == {allocated["deepstack_ptr"]}
+
+
+def test_deepstack_videos_pruned_exactly_in_any_chunk(deepstack_served):
+    pruned = deepstack_served.pruned
+    tokens = pruned.meta["video_tokens_before_pruning"]
+    assert pruned.meta["video_tokens_after_pruning"] == max(tokens // GROUPS, int(tokens * (1 - 0.5)))
+    first, again = deepstack_served.pruned_small_chunk
+    assert again.cached_tokens > 0
+    assert_same_tokens(first, pruned, "deepstack, chunk 33")
+    assert_same_tokens(again, pruned, "deepstack, chunk 33, radix hit")

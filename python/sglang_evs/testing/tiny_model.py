@@ -18,6 +18,11 @@ Profiles:
 --config-json overrides config fields: top-level keys, and dicts under "text_config" /
 "vision_config" merged into those sub-configs (nested dicts such as rope_parameters merge too).
 A key that neither the config class nor the profile knows is an error.
+
+Deepstack levels (`vision_config.deepstack_visual_indexes`): Qwen3-VL's are built by transformers.
+Qwen3.5's tiny models have none by default, as the released checkpoints; given levels (three: SGLang
+0.5.23's Qwen3.5 language model adds exactly three), the builder adds the mergers SGLang's Qwen3.5
+vision tower builds for them, which transformers' Qwen3.5 (having no deepstack) loads past and ignores.
 """
 
 import argparse
@@ -307,6 +312,7 @@ class Architecture:
     config_class: str  # in transformers
     profiles: Mapping[str, Callable[[], Fields]]
     processor: Callable[[Any], Any]  # tokenizer -> processor
+    sglang_only_deepstack: bool = False  # SGLang builds deepstack mergers that transformers lacks
 
 
 def _qwen2_processor(processor_cls: str) -> Callable[[Any], Any]:
@@ -329,9 +335,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen2VLForConditionalGeneration": Architecture(
         "Qwen2VLConfig", {"tiny": _qwen2_vl_fields}, _qwen2_processor("Qwen2VLProcessor")
     ),
-    "Qwen3_5ForConditionalGeneration": Architecture("Qwen3_5Config", {"tiny": _qwen3_5_fields}, _qwen3_vl_processor),
+    "Qwen3_5ForConditionalGeneration": Architecture(
+        "Qwen3_5Config", {"tiny": _qwen3_5_fields}, _qwen3_vl_processor, sglang_only_deepstack=True
+    ),
     "Qwen3_5MoeForConditionalGeneration": Architecture(
-        "Qwen3_5MoeConfig", {"tiny": _qwen3_5_moe_fields}, _qwen3_vl_processor
+        "Qwen3_5MoeConfig", {"tiny": _qwen3_5_moe_fields}, _qwen3_vl_processor, sglang_only_deepstack=True
     ),
 }
 
@@ -405,11 +413,11 @@ def build_config(architecture: str, profile: str, tokenizer, config_overrides: M
     )
     if interval is not None:
         config.text_config.full_attention_interval = interval  # HF drops it; SGLang reads only it
-    _check_consistent(config)
+    _check_consistent(config, arch)
     return config
 
 
-def _check_consistent(config: Any) -> None:
+def _check_consistent(config: Any, arch: Architecture) -> None:
     text, vision = config.text_config, config.vision_config
     rope = text.rope_parameters
     rotary_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
@@ -417,8 +425,13 @@ def _check_consistent(config: Any) -> None:
     if 2 * sum(rope["mrope_section"]) != rotary_dim:
         raise ValueError(f"mrope_section {rope['mrope_section']} must sum to half the rotary dim {rotary_dim}")
     has_deepstack = "deepstack_visual_indexes" in {f.name for f in dataclasses.fields(type(vision))}
-    if not has_deepstack and getattr(vision, "deepstack_visual_indexes", []):
+    levels = getattr(vision, "deepstack_visual_indexes", [])
+    if not has_deepstack and levels and not arch.sglang_only_deepstack:
         raise ValueError(f"{type(vision).__name__} builds no deepstack mergers; keep deepstack_visual_indexes []")
+    if levels and not all(0 <= level < vision.depth for level in levels):
+        raise ValueError(f"deepstack_visual_indexes {levels} must be vision layers in [0, {vision.depth})")
+    if levels and arch.sglang_only_deepstack and len(set(levels)) != 3:
+        raise ValueError(f"SGLang 0.5.23's Qwen3.5 language model adds exactly three deepstack levels, not {levels}")
 
 
 def build_tiny_model(
@@ -442,6 +455,8 @@ def build_tiny_model(
     _make_context_matter(model, torch)
     model.config.dtype = torch.bfloat16
     model.save_pretrained(out, safe_serialization=True)
+    if ARCHITECTURES[architecture].sglang_only_deepstack and config.vision_config.deepstack_visual_indexes:
+        _add_deepstack_mergers(out / "model.safetensors", config.vision_config, seed)
     tokenizer.save_pretrained(out)
     ARCHITECTURES[architecture].processor(tokenizer).save_pretrained(out)
     provenance: dict[str, Any] = {"profile": profile, "seed": seed}
@@ -454,6 +469,34 @@ def build_tiny_model(
 def build_tiny_qwen3_vl(out_dir: str | Path, profile: str = "tiny", seed: int = 0) -> Path:
     """The default architecture; kept for the demo and the benchmark sweep."""
     return build_tiny_model(out_dir, profile=profile, seed=seed)
+
+
+def _add_deepstack_mergers(weights_file: Path, vision: Any, seed: int) -> None:
+    """Qwen3-VL's deepstack mergers (post-shuffle norm, two linears), one per level, under the names
+    SGLang's Qwen3.5 loader maps to its vision tower. Scaled so their rows are as large as the text
+    embeddings: a level added at the wrong rows, or not at all, changes the greedy tokens."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    width = vision.hidden_size * vision.spatial_merge_size**2
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def linear(out_features: int, in_features: int) -> torch.Tensor:
+        return torch.randn(out_features, in_features, generator=generator) * in_features**-0.5
+
+    weights = load_file(weights_file)
+    for level in range(len(vision.deepstack_visual_indexes)):
+        prefix = f"model.visual.deepstack_merger_list.{level}."
+        merger = {
+            "norm.weight": torch.ones(width),
+            "norm.bias": torch.zeros(width),
+            "linear_fc1.weight": linear(width, width),
+            "linear_fc1.bias": torch.zeros(width),
+            "linear_fc2.weight": linear(vision.out_hidden_size, width),
+            "linear_fc2.bias": torch.zeros(vision.out_hidden_size),
+        }
+        weights |= {prefix + name: value.to(torch.bfloat16) for name, value in merger.items()}
+    save_file(weights, weights_file, metadata={"format": "pt"})
 
 
 def _make_context_matter(model, torch) -> None:
