@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 import requests
@@ -40,7 +39,7 @@ from sglang_evs.testing.server import running_server
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
 from evs_oracle import keep_mask as evs_keep_mask  # noqa: E402  (the oracles written here)
-from test_evs_serving import assert_same_generation  # noqa: E402
+from test_evs_serving import HFReference, assert_matches_hf, assert_same_generation  # noqa: E402
 from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
 
 pytestmark = pytest.mark.slow  # ten servers, one after another
@@ -311,12 +310,6 @@ def hf(model_dir: str):
     return model, AutoProcessor.from_pretrained(model_dir)
 
 
-class HFReference(NamedTuple):
-    tokens: list[int]  # greedy
-    prompt_tokens: int
-    logprobs: list[float]  # of each greedy token
-
-
 def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Path | None = None, q: float = 0.0,
               steps: int = 8, keep_mask=evs_keep_mask, shift_text_back: bool = False) -> HFReference:  # fmt: skip
     """Transformers' own processor, vision tower, `get_rope_index` and language model; a video's
@@ -374,26 +367,23 @@ def logprob_gap(got: Generation, reference: HFReference) -> float:
     return max(abs(a - b) for a, b in zip(got.logprobs, reference.logprobs, strict=True))
 
 
-def assert_matches_hf(got: Generation, reference: HFReference) -> None:
-    assert got.prompt_tokens == reference.prompt_tokens
-    assert got.output_ids == reference.tokens
-    worst = logprob_gap(got, reference)
-    assert worst < HF_LOGPROB_TOLERANCE, f"logprobs differ from HF's by up to {worst:.2e}"
-
-
 def test_unpruned_greedy_tokens_equal_hf(served, arch, media_dir, request):
     model_dir = request.getfixturevalue(ARCHITECTURES[arch])
     got = served[arch].plugin
     image, _ = parity_cases(media_dir)["image"]
-    assert_matches_hf(got["image"], hf_greedy(model_dir, image, image=media_dir / "image.png"))
-    assert_matches_hf(got["video"], hf_greedy(model_dir, chat_prompt(VIDEO), clip=media_dir / "moving.mp4"))
+    assert_matches_hf(got["image"], hf_greedy(model_dir, image, image=media_dir / "image.png"), HF_LOGPROB_TOLERANCE)
+    assert_matches_hf(
+        got["video"], hf_greedy(model_dir, chat_prompt(VIDEO), clip=media_dir / "moving.mp4"), HF_LOGPROB_TOLERANCE
+    )
 
 
 @pytest.mark.parametrize("q", ORACLE_RATES)
 @pytest.mark.parametrize("clip", ["noise", "moving"])
 def test_pruned_greedy_tokens_equal_hf_oracle(served, arch, clips, q, clip, request):
     model_dir = request.getfixturevalue(ARCHITECTURES[arch])
-    assert_matches_hf(served[arch].evs[clip, q], hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=q))
+    assert_matches_hf(
+        served[arch].evs[clip, q], hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=q), HF_LOGPROB_TOLERANCE
+    )
 
 
 def test_the_hf_oracle_tells_an_inexact_position_rule(served, arch, clips, request):
@@ -422,7 +412,7 @@ def test_vidcom2_greedy_tokens_equal_hf_oracle(served, arch, clips, clip, reques
     r = VIDCOM2_RATIOS[0]
     model_dir = request.getfixturevalue(ARCHITECTURES[arch])
     reference = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=1 - r, keep_mask=vidcom2_keep_mask)
-    assert_matches_hf(served[arch].vidcom2[clip, r], reference)
+    assert_matches_hf(served[arch].vidcom2[clip, r], reference, HF_LOGPROB_TOLERANCE)
 
 
 # --- a Qwen3.5 checkpoint with deepstack levels: they travel in the fixed buffer
