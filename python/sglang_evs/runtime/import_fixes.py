@@ -15,6 +15,8 @@
    imported, it is pointed at the `fused_rmsnorm_gated_cpu` stand-in on every CPU.
 5. `sglang.srt.models.qwen2_moe` (Qwen3.5-MoE's sparse block) gates its shared expert with
    Triton kernels where there is no AMX: pure-torch ones (`runtime/elementwise.py`) replace them.
+6. `sglang.srt.layers.attention.vision`: the CPU vision backend builds a dense mask over every
+   patch of a video; it attends frame by frame instead (`runtime/vision_attention.py`).
 """
 
 import importlib.abc
@@ -67,8 +69,15 @@ def _shared_expert_gate_on_cpu(module: ModuleType) -> None:
     module.fused_gate_sigmoid_mul_add = elementwise.fused_gate_sigmoid_mul_add
 
 
+def _vision_attention_by_segment(module: ModuleType) -> None:
+    from sglang_evs.runtime.vision_attention import patch_vision_sdpa
+
+    patch_vision_sdpa(module)
+
+
 # module name -> work to do on the module right after it was imported
 SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.srt.layers.attention.vision": _vision_attention_by_segment,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
     "sglang.srt.models.qwen2_moe": _shared_expert_gate_on_cpu,
 }
