@@ -56,6 +56,8 @@ def plot_lengths(result: dict, path: Path) -> Path:
     ax_n.set(xlabel="clip length (s)", ylabel="prompt tokens per request", title="prompt tokens", xscale="log",
              yscale="log")  # fmt: skip
     for ax in (ax_t, ax_n):
+        ax.set_xticks(result["seconds"], [f"{s:g}" for s in result["seconds"]], minor=False)
+        ax.set_xticks([], minor=True)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
