@@ -245,14 +245,7 @@ def lengths(
         beyond = beyond_context(server.base_url, out_dir, beyond_context_seconds, max(rates)) if (
             beyond_context_seconds) else None  # fmt: skip
     for length in seconds:
-        at = {r["rate"]: r for r in rows if r["seconds"] == length}
-        base = at[0.0]
-        encoder = base["video"]["mean_ttft_ms"] - base["prefill_ms"]
-        for row in at.values():
-            row["ttft_vs_q0"] = row["video"]["mean_ttft_ms"] / base["video"]["mean_ttft_ms"]
-            row["tokens_vs_q0"] = row["video"]["mean_prompt_tokens"] / base["video"]["mean_prompt_tokens"]
-            row["ideal_ttft_ms"] = encoder + row["prefill_ms"]
-            row["measured_over_ideal"] = row["video"]["mean_ttft_ms"] / row["ideal_ttft_ms"]
+        add_ratios([r for r in rows if r["seconds"] == length])  # E(L) from this length's q = 0 row
     rows.sort(key=lambda r: (r["seconds"], r["rate"]))
     return {"mode": "lengths", "seconds": list(seconds), "rates": rates, "rows": rows, "beyond_context": beyond}
 
