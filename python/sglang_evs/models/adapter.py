@@ -149,11 +149,10 @@ def forward(model, input_ids, positions, forward_batch, get_embedding=False, pp_
 
 
 def _trace_forward(forward_batch, input_ids, start: float) -> None:
-    """Per-stage timing (trace only): the whole extend forward, encoders included; the media items it
-    carried name the requests (see `pruning/videos.py` for the encoder's and the mask's share)."""
+    """Per-stage timing (trace only): the whole extend forward, encoders included (see
+    `pruning/videos.py` for the encoder's and the mask's share)."""
     if not forward_batch.forward_mode.is_extend():
         return
     if input_ids.is_cuda:
         torch.cuda.synchronize()
-    items = [item.hash for mm in forward_batch.mm_inputs or () if mm is not None for item in mm.mm_items]
-    trace.record("extend_forward", tokens=int(input_ids.shape[0]), items=items, ms=(time.perf_counter() - start) * 1e3)
+    trace.record("extend_forward", tokens=int(input_ids.shape[0]), ms=(time.perf_counter() - start) * 1e3)
