@@ -122,9 +122,24 @@ def test_bad_overrides_fail_naming_the_problem(architecture, overrides, message)
         tiny_model.build_config(architecture, "tiny", tiny_model.build_tokenizer(), overrides)
 
 
-def test_small_profile_is_qwen3_vl_only():
+def test_profiles_an_architecture_lacks_are_refused():
     with pytest.raises(ValueError, match="small"):
-        tiny_model.build_config("Qwen3_5ForConditionalGeneration", "small", tiny_model.build_tokenizer())
+        tiny_model.build_config("Qwen2VLForConditionalGeneration", "small", tiny_model.build_tokenizer())
+    with pytest.raises(ValueError, match="balanced"):
+        tiny_model.build_config("Qwen3_5ForConditionalGeneration", "balanced", tiny_model.build_tokenizer())
+
+
+def test_qwen3_5_small_profile_is_hybrid_and_language_model_bound():
+    config = tiny_model.build_config("Qwen3_5ForConditionalGeneration", "small", tiny_model.build_tokenizer())
+    text, vision = config.text_config, config.vision_config
+    assert text.full_attention_interval == 4 and text.num_hidden_layers == 8
+    assert text.layer_types.count("linear_attention") == 6
+    assert (
+        2 * sum(text.rope_parameters["mrope_section"]) == text.head_dim * text.rope_parameters["partial_rotary_factor"]
+    )
+    assert vision.out_hidden_size == text.hidden_size and vision.deepstack_visual_indexes == []
+    mlp = 3 * text.hidden_size * text.intermediate_size
+    assert text.num_hidden_layers * mlp > 100 * vision.depth * 12 * vision.hidden_size**2
 
 
 def test_qwen3_5_is_hybrid_as_sglang_reads_it(tiny_qwen3_5_dir, tiny_qwen3_5_moe_dir):

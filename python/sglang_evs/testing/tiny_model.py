@@ -9,11 +9,14 @@ Qwen3_5MoeForConditionalGeneration. All share one tokenizer, so the special-toke
 
 Profiles:
   tiny   seconds on CPU; for correctness tests. Every architecture has one.
-  small  Qwen3-VL and Qwen2.5-VL: a language model that dominates prefill time, for performance
-         ratios such as EVS time-to-first-token, with the vision tower tiny. Qwen3-VL:
+  small  Qwen3-VL, Qwen2.5-VL and Qwen3.5: a language model that dominates prefill time, for
+         performance ratios such as EVS time-to-first-token, with the vision tower tiny. Qwen3-VL:
          Qwen3-VL-2B's language-model width (2048, 16 heads of 128, 8 KV heads, M-RoPE
          sections 24/20/20) with 8 of its 28 layers. Qwen2.5-VL: Qwen2.5-VL-3B's (2048, 16
          heads of 128, 2 KV heads, MLP 11008, M-RoPE 16/24/24) with 8 of its 36 layers.
+         Qwen3.5: 8 hybrid layers at 2048 wide (3 Gated DeltaNet per full attention), see
+         _qwen3_5_small_fields.
+  balanced  Qwen3-VL: small's language model under a tower with Qwen3-VL-2B's vision:language cost.
 
 --config-json overrides config fields: top-level keys, and dicts under "text_config" /
 "vision_config" merged into those sub-configs (nested dicts such as rope_parameters merge too).
@@ -275,6 +278,21 @@ def _qwen3_5_fields() -> Fields:
     )
 
 
+def _qwen3_5_small_fields() -> Fields:
+    """The language-model-bound case for Qwen3.5, like Qwen3-VL's `small`: eight hybrid layers at 2048
+    wide (three Gated DeltaNet layers per full-attention layer, as released; Qwen3-Next-shaped heads:
+    16 query heads of 256 with 2 KV heads, 16 key and 32 value heads of 128 in the linear layers,
+    MLP 6144, M-RoPE 11/11/10 on a quarter of each head) over the tiny tower."""
+    tiny = _qwen3_5_fields()
+    text = dict(
+        tiny.text, hidden_size=2048, intermediate_size=6144, num_hidden_layers=8, full_attention_interval=4,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        rope_parameters=dict(tiny.text["rope_parameters"], mrope_section=[11, 11, 10]),
+    )  # fmt: skip
+    return Fields(text=text, vision=dict(tiny.vision, depth=3, out_hidden_size=2048))
+
+
 def _qwen3_5_moe_fields() -> Fields:
     fields = _qwen3_5_fields()
     text = {k: v for k, v in fields.text.items() if k != "intermediate_size"}
@@ -336,7 +354,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         "Qwen2VLConfig", {"tiny": _qwen2_vl_fields}, _qwen2_processor("Qwen2VLProcessor")
     ),
     "Qwen3_5ForConditionalGeneration": Architecture(
-        "Qwen3_5Config", {"tiny": _qwen3_5_fields}, _qwen3_vl_processor, sglang_only_deepstack=True
+        "Qwen3_5Config",
+        {"tiny": _qwen3_5_fields, "small": _qwen3_5_small_fields},
+        _qwen3_vl_processor,
+        sglang_only_deepstack=True,
     ),
     "Qwen3_5MoeForConditionalGeneration": Architecture(
         "Qwen3_5MoeConfig", {"tiny": _qwen3_5_moe_fields}, _qwen3_vl_processor, sglang_only_deepstack=True
