@@ -60,7 +60,8 @@ def test_paired_mode_requests_set_the_rate_per_request(server, tmp_path):
     from sglang_evs.bench.make_video_dataset import make_video_dataset
 
     line = json.loads(make_video_dataset(tmp_path, num=1, static_share=0.0, seconds=2).read_text())
-    (full_ms, full), (pruned_ms, pruned) = (measure.timed_video_request(server.base_url, line, q) for q in (0.0, 0.5))
-    assert full_ms > 0 and pruned_ms > 0
-    assert full > pruned > 0  # the server ran without a rate: the request's own rate pruned
-    assert measure.prefill_ms(server.base_url, pruned, reps=1) > 0
+    full, pruned = (measure.timed_video_request(server.base_url, line, q) for q in (0.0, 0.5))
+    assert 0 < full.ttft_ms <= full.latency_ms and 0 < pruned.ttft_ms <= pruned.latency_ms
+    # the server ran without a rate: the request's own rate pruned
+    assert full.prompt_tokens > pruned.prompt_tokens > 0
+    assert measure.prefill_ms(server.base_url, pruned.prompt_tokens, reps=1) > 0

@@ -78,3 +78,29 @@ def test_load_alternates_the_rates_over_fresh_servers(monkeypatch, tmp_path):
     assert result["throughput_ratio"]["low"] < 2.0 < 2.2 < result["throughput_ratio"]["high"]
     assert result["rows"][1]["throughput_vs_first"] == (2.0 + 2.2 + 2.0) / 3
     assert "requests/s q=0.75 / q=0.0 per round: geometric mean" in report.report(result)
+
+
+def test_overhead_alternates_plugin_and_upstream_and_reports_ttft_and_decode(monkeypatch, tmp_path):
+    """Fake: the plugin's TTFT is 1 % above upstream's, its time per output token equal."""
+    started = []
+
+    @contextmanager
+    def fake_serving(model, log, server_args, env=None, timeout=600):
+        started.append("upstream" if env else "plugin")
+        yield SimpleNamespace(base_url="http://fake", log=lambda: "")
+
+    def fake_video_bench(url, dataset, out_file, num):
+        plugin = "plugin" in out_file.name
+        round_factor = 1.0 + 0.1 * int(out_file.stem[-1])  # each round's servers slower than the last
+        return {"mean_ttft_ms": 100.0 * round_factor * (1.01 if plugin else 1.0), "mean_tpot_ms": 20.0 * round_factor}
+
+    monkeypatch.setattr(modes, "serving", fake_serving)
+    monkeypatch.setattr(modes, "warm_up", lambda *a: None)
+    monkeypatch.setattr(modes, "video_bench", fake_video_bench)
+    result = modes.overhead("m", tmp_path / "d.jsonl", tmp_path, rounds=3)
+    assert started == ["plugin", "upstream", "upstream", "plugin", "plugin", "upstream"]
+    ttft, tpot = result["plugin_over_upstream_ttft"], result["plugin_over_upstream_tpot"]
+    assert [round(x, 6) for x in ttft["per_pair"]] == [1.01] * 3 and round(ttft["low"], 6) == 1.01
+    assert [round(x, 6) for x in tpot["per_pair"]] == [1.0] * 3
+    text = report.report(result)
+    assert "TTFT plugin/upstream per round" in text and "time per output token plugin/upstream" in text

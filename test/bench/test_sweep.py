@@ -27,9 +27,11 @@ def synthetic_rows() -> list[dict]:
 
 def test_summarize_bench_uses_server_tokens_of_successful_requests():
     record = {"completed": 2, "mean_ttft_ms": 5.0, "median_ttft_ms": 4.0, "request_throughput": 3.0,
-              "total_input_tokens": 10, "input_lens": [400, 410, 999], "errors": ["", "", "boom"]}  # fmt: skip
+              "mean_tpot_ms": 7.0, "total_input_tokens": 10, "input_lens": [400, 410, 999],
+              "errors": ["", "", "boom"]}  # fmt: skip
     summary = ratios.summarize_bench(record)
     assert summary["mean_prompt_tokens"] == 405 and summary["completed"] == 2 and summary["mean_ttft_ms"] == 5.0
+    assert summary["mean_tpot_ms"] == 7.0
 
 
 def test_ideal_and_ratios():

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import requests
 
@@ -20,9 +21,6 @@ TEXT_TOKEN_RANGE = (10, 300)  # ordinary (non-special) token ids in the tiny tok
 IMAGE_ARGS = ("--dataset-name", "image", "--image-count", "1", "--image-resolution", "64x64",
               "--random-input-len", "16", "--random-output-len", "4")  # fmt: skip
 USAGE_FIELDS = {"stream_options": {"include_usage": True}}
-
-
-
 
 
 def run_bench_serving(
@@ -102,14 +100,31 @@ def warm_up(base_url: str, out_dir: Path, dataset: Path) -> None:
         requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600).raise_for_status()
 
 
-def timed_video_request(base_url: str, line: dict, rate: float, method: str = "evs") -> tuple[float, int]:
-    """One dataset line at ``rate``, one output token, not streamed -> (latency ms, prompt tokens)."""
-    body = {"model": "default", "messages": line["messages"], "max_tokens": 1, "temperature": 0,
-            **per_request_rate(rate, method)}  # fmt: skip
+class TimedRequest(NamedTuple):
+    ttft_ms: float  # streamed: until the first chunk with a choice, which SGLang sends with the first token
+    latency_ms: float  # until the stream ends
+    prompt_tokens: int
+
+
+def timed_video_request(base_url: str, line: dict, rate: float, method: str = "evs") -> TimedRequest:
+    """One dataset line at ``rate``, one output token, streamed with usage -> TTFT, latency, prompt tokens."""
+    body = {"model": "default", "messages": line["messages"], "max_tokens": 1, "temperature": 0, "stream": True,
+            **USAGE_FIELDS, **per_request_rate(rate, method)}  # fmt: skip
     start = time.perf_counter()
-    response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
-    response.raise_for_status()
-    return (time.perf_counter() - start) * 1000, response.json()["usage"]["prompt_tokens"]
+    ttft_ms, prompt_tokens = None, None
+    with requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600, stream=True) as response:
+        response.raise_for_status()
+        for raw in response.iter_lines():
+            if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
+                continue
+            chunk = json.loads(raw[len(b"data: ") :])
+            if ttft_ms is None and chunk.get("choices"):
+                ttft_ms = (time.perf_counter() - start) * 1000
+            if chunk.get("usage"):
+                prompt_tokens = chunk["usage"]["prompt_tokens"]
+    if ttft_ms is None or prompt_tokens is None:
+        raise RuntimeError(f"stream from {base_url} ended without a token or usage")
+    return TimedRequest(ttft_ms, (time.perf_counter() - start) * 1000, prompt_tokens)
 
 
 def prefill_ms(base_url: str, num_tokens: int, reps: int = 3, seed: int = 0) -> float:

@@ -145,13 +145,15 @@ def paired(
             for j, q in enumerate((0.0, rate) if i % 2 == 0 else (rate, 0.0)):
                 requests.post(f"{server.base_url}/flush_cache", timeout=600).raise_for_status()
                 since = trace_size(trace_path)
-                video, tokens = timed_video_request(server.base_url, line, q)
+                timed = timed_video_request(server.base_url, line, q)
                 stages = stage_times(trace_path, since)
-                text = prefill_ms(server.base_url, tokens, reps=1, seed=2 * i + j)
-                samples[q].append({"video_ms": video, "prefill_ms": text, "tokens": tokens, "stages": stages})
+                text = prefill_ms(server.base_url, timed.prompt_tokens, reps=1, seed=2 * i + j)
+                samples[q].append({"video_ms": timed.latency_ms, "ttft_ms": timed.ttft_ms, "prefill_ms": text,
+                                   "tokens": timed.prompt_tokens, "stages": stages})  # fmt: skip
     result = {"mode": "paired", "samples": {str(q): v for q, v in samples.items()}, **paired_ideal(samples, rate)}
-    per_pair = [b["video_ms"] / a["video_ms"] for a, b in zip(samples[0.0], samples[rate], strict=True)]
-    result["latency_ratio"] = geometric_interval(per_pair)
+    for key, name in (("video_ms", "latency_ratio"), ("ttft_ms", "ttft_ratio")):
+        per_pair = [b[key] / a[key] for a, b in zip(samples[0.0], samples[rate], strict=True)]
+        result[name] = geometric_interval(per_pair)
     result["stage_medians"] = {
         str(q): {k: statistics.median(s["stages"][k] for s in v) for k in v[0]["stages"]} for q, v in samples.items()
     }
@@ -161,7 +163,8 @@ def paired(
 def overhead(
     model: str, dataset: Path, out_dir: Path, rounds: int = 3, num_prompts: int = 4, server_args: Sequence[str] = ()
 ) -> dict:
-    """Video TTFT at q=0 with the plugin vs upstream SGLang (``SGLANG_PLUGINS=none``), alternating rounds."""
+    """Video TTFT and time per output token (decode) at q=0 with the plugin vs upstream SGLang
+    (``SGLANG_PLUGINS=none``), a fresh server per variant and round, the order alternating."""
     from tqdm import tqdm
 
     variants = {"plugin": {}, "upstream": {"SGLANG_PLUGINS": "none"}}
@@ -173,8 +176,11 @@ def overhead(
                 summary = video_bench(server.base_url, dataset, out_dir / f"overhead-{name}-{i}.jsonl", num_prompts)
                 summary["plugin_loaded"] = plugin_loaded(server.log())
             runs[name].append(summary)
-    pairs = [(p["mean_ttft_ms"], u["mean_ttft_ms"]) for p, u in zip(runs["plugin"], runs["upstream"], strict=True)]
-    return {"mode": "overhead", "runs": runs, "plugin_over_upstream_ttft": paired_ratio(pairs)}
+    result = {"mode": "overhead", "runs": runs}
+    for key, name in (("mean_ttft_ms", "plugin_over_upstream_ttft"), ("mean_tpot_ms", "plugin_over_upstream_tpot")):
+        pairs = [(p[key], u[key]) for p, u in zip(runs["plugin"], runs["upstream"], strict=True)]
+        result[name] = {**paired_ratio(pairs), **geometric_interval([a / b for a, b in pairs])}
+    return result
 
 
 def compare_methods(
@@ -199,8 +205,9 @@ def compare_methods(
         for i, line in enumerate(tqdm(lines, desc="clips", unit="clip")):
             for method in (first, second) if i % 2 == 0 else (second, first):
                 requests.post(f"{server.base_url}/flush_cache", timeout=600).raise_for_status()
-                latency, tokens = timed_video_request(server.base_url, line, rate, method)
-                samples[method].append({"latency_ms": latency, "tokens": tokens})
+                timed = timed_video_request(server.base_url, line, rate, method)
+                samples[method].append({"latency_ms": timed.latency_ms, "ttft_ms": timed.ttft_ms,
+                                        "tokens": timed.prompt_tokens})  # fmt: skip
     pairs = [(a["latency_ms"], b["latency_ms"]) for a, b in zip(samples[first], samples[second], strict=True)]
     return {"mode": "methods", "rate": rate, "methods": [first, second], "samples": samples,
             "tokens": {m: [s["tokens"] for s in samples[m]] for m in methods},
@@ -236,7 +243,7 @@ def lengths(
         for i, length in enumerate(tqdm(seconds, desc="clip lengths", unit="length")):
             dataset = make_video_dataset(out_dir / f"clips-{length:g}s", num_prompts, seconds=length, seed=100 * i)
             warm_up(server.base_url, out_dir, dataset)
-            for j, rate in enumerate(rates[i % len(rates):] + rates[: i % len(rates)]):
+            for j, rate in enumerate(rates[i % len(rates) :] + rates[: i % len(rates)]):
                 name = f"lengths-{length:g}s-q{rate}.jsonl"
                 video = video_bench(server.base_url, dataset, out_dir / name, num_prompts, 1, per_request_rate(rate))
                 tokens = round(video["mean_prompt_tokens"])

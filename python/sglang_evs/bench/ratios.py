@@ -13,6 +13,7 @@ def summarize_bench(record: dict) -> dict:
         "mean_ttft_ms": record["mean_ttft_ms"],
         "median_ttft_ms": record["median_ttft_ms"],
         "request_throughput": record["request_throughput"],
+        "mean_tpot_ms": record["mean_tpot_ms"],
         "mean_prompt_tokens": statistics.fmean(ok) if ok else float("nan"),
     }
 
@@ -91,8 +92,8 @@ def geometric_interval(ratios: list[float]) -> dict:
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return {"geometric_mean": math.exp(mean), "low": None, "high": None, "pairs": len(logs)}
-    half = (T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96) * statistics.stdev(logs) / math.sqrt(
-        len(logs)
+    half = (
+        (T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
     )
     return {"geometric_mean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
             "pairs": len(logs)}  # fmt: skip

@@ -69,8 +69,10 @@ def plot_lengths(result: dict, path: Path) -> Path:
 def interval_text(ratio: dict) -> str:
     if ratio["low"] is None:
         return f"geometric mean {ratio['geometric_mean']:.3f} (1 pair, no interval)"
-    return (f"geometric mean {ratio['geometric_mean']:.3f} (95 % interval {ratio['low']:.3f}-{ratio['high']:.3f}, "
-            f"{ratio['pairs']} pairs)")
+    return (
+        f"geometric mean {ratio['geometric_mean']:.3f} (95 % interval {ratio['low']:.3f}-{ratio['high']:.3f}, "
+        f"{ratio['pairs']} pairs)"
+    )
 
 
 def report(result: dict) -> str:
@@ -116,6 +118,8 @@ def report(result: dict) -> str:
                      "(one output token, not streamed)")  # fmt: skip
         if "latency_ratio" in result:
             lines.append(f"latency q={result['rate']} / q=0 per clip: " + interval_text(result["latency_ratio"]))
+        if "ttft_ratio" in result:
+            lines.append(f"streamed TTFT q={result['rate']} / q=0 per clip: " + interval_text(result["ttft_ratio"]))
         for q, stages in result.get("stage_medians", {}).items():
             lines.append(f"q={q} stage medians (ms): " + ", ".join(f"{k[:-3]} {v:.0f}" for k, v in stages.items()))
     elif result["mode"] == "methods":
@@ -126,8 +130,11 @@ def report(result: dict) -> str:
         lines.append(f"one-token latency {first}/{second}: geometric mean {ratio['geometric_mean']:.3f} "
                      f"(95 % interval {ratio['low']:.3f}-{ratio['high']:.3f}, {ratio['pairs']} pairs)")  # fmt: skip
     else:
-        ratio = result["plugin_over_upstream_ttft"]
-        per_pair = ", ".join(f"{x:.3f}" for x in ratio["per_pair"])
-        lines.append(f"TTFT plugin/upstream per round: {per_pair}; mean {ratio['mean']:.3f}, geometric mean "
-                     f"{ratio['geometric_mean']:.3f}, ratio of medians {ratio['ratio_of_medians']:.3f}")  # fmt: skip
+        for what, key in (
+            ("TTFT", "plugin_over_upstream_ttft"),
+            ("time per output token", "plugin_over_upstream_tpot"),
+        ):
+            if key in result:
+                per_pair = ", ".join(f"{x:.3f}" for x in result[key]["per_pair"])
+                lines.append(f"{what} plugin/upstream per round: {per_pair}; " + interval_text(result[key]))
     return "\n".join(lines)
