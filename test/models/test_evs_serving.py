@@ -14,6 +14,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import (
     IMAGE,
@@ -27,7 +28,8 @@ from sglang_evs.testing.requests import (
 from sglang_evs.testing.server import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
-from evs_oracle import keep_mask as compute_retention_mask  # noqa: E402  (the keep-mask oracle written here)
+from evs_oracle import keep_mask as compute_retention_mask  # noqa: E402  (the keep-mask oracles written here)
+from evs_oracle import scores  # noqa: E402
 
 SERVER_RATE = 0.5
 GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -> 4 groups of 10x10
@@ -52,11 +54,18 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def evs_server(tiny_model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("evs_server") / "server.log"
+def evs_trace(tmp_path_factory) -> Path:
+    """The evs_server's trace file (SGLANG_EVS_TRACE): its keep-mask events feed the HF oracle."""
+    return tmp_path_factory.mktemp("evs_server") / "trace.jsonl"
+
+
+@pytest.fixture(scope="module")
+def evs_server(tiny_model_dir, evs_trace):
     args = ["--dtype", "float32", "--enable-metrics"]
     args += ["--json-model-override-args", f'{{"video_pruning_rate": {SERVER_RATE}}}']
-    with running_server(tiny_model_dir, log, args) as server:
+    with running_server(
+        tiny_model_dir, evs_trace.parent / "server.log", args, {"SGLANG_EVS_TRACE": str(evs_trace)}
+    ) as server:
         yield server
 
 
@@ -154,6 +163,32 @@ def assert_matches_hf(served, reference: HFReference, tolerance: float = HF_LOGP
     assert worst < tolerance, f"logprobs differ from HF's by up to {worst:.2e} (tolerance {tolerance:.0e})"
 
 
+def hf_greedy_decode(
+    model, embeds: torch.Tensor, positions: torch.Tensor, offset: int, steps: int,
+    visual: torch.Tensor | None = None, deepstack: list[torch.Tensor] | None = None,
+) -> tuple[list[int], list[float]]:  # fmt: skip
+    """Greedy tokens and their logprobs from a transformers VLM's language model, without a KV cache.
+
+    embeds [T, D] and positions [3, 1, T]: the prompt as the language model gets it (pruned rows
+    already deleted); each generated token goes at position ``len(sequence) + offset`` on all three
+    axes. ``visual`` [T] bool and ``deepstack`` (per level [visual rows, D]): Qwen3-VL's deepstack
+    inputs, extended with False for generated tokens.
+    """
+    language_model, tokens, logprobs = model.model.language_model, [], []
+    for _ in range(steps):
+        extra = {} if visual is None else {"visual_pos_masks": visual[None], "deepstack_visual_embeds": deepstack}
+        out = language_model(inputs_embeds=embeds[None], position_ids=positions, use_cache=False, **extra)
+        scores = torch.log_softmax(model.lm_head(out.last_hidden_state[0, -1]), dim=-1)
+        token = int(scores.argmax())
+        tokens.append(token)
+        logprobs.append(float(scores[token]))
+        positions = torch.cat([positions, torch.full((3, 1, 1), embeds.shape[0] + offset)], dim=2)
+        embeds = torch.cat([embeds, language_model.embed_tokens(torch.tensor([token]))])
+        if visual is not None:
+            visual = torch.cat([visual, torch.tensor([False])])
+    return tokens, logprobs
+
+
 def hf_pruned_greedy(
     model_dir: Path, clip: Path, q: float, steps: int = 8, keep_mask=compute_retention_mask
 ) -> HFReference:
@@ -184,26 +219,59 @@ def hf_pruned_greedy(
         embeds, positions, visual = embeds[keep], positions[:, :, keep], is_pad[keep]
         deepstack = [level[mask] for level in levels]
         offset = int(delta) + int((~keep).sum())
-        tokens, logprobs = [], []
-        for _ in range(steps):
-            out = model.model.language_model(
-                inputs_embeds=embeds[None], position_ids=positions, visual_pos_masks=visual[None],
-                deepstack_visual_embeds=deepstack,
-            )  # fmt: skip
-            scores = torch.log_softmax(model.lm_head(out.last_hidden_state[0, -1]), dim=-1)
-            token = int(scores.argmax())
-            tokens.append(token)
-            logprobs.append(float(scores[token]))
-            next_position = torch.full((3, 1, 1), embeds.shape[0] + offset)
-            embeds = torch.cat([embeds, model.model.language_model.embed_tokens(torch.tensor([token]))])
-            positions, visual = torch.cat([positions, next_position], dim=2), torch.cat([visual, torch.tensor([False])])
+        tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps, visual, deepstack)
     return HFReference(tokens, int(keep.sum()), logprobs)
+
+
+MASK_TIE = 1e-3  # score gap within which SGLang's and HF's encoders may rank two rows differently
+
+
+def unseen_clip(trace_path: Path, kind: str, tag: str) -> Path:
+    """A clip of ``kind`` no earlier request sent, so the server encodes it (and traces its mask)
+    instead of reusing cached features."""
+    seed = 1000 + sum(map(ord, f"{kind}{tag}"))
+    return media.write_clip(trace_path.parent / f"unseen-{kind}-{tag}.mp4", kind, num_frames=16, fps=4, seed=seed)
+
+
+def served_mask(trace_path: Path):
+    """The keep-mask the server used for its last encoded video, as an oracle `mask_oracle` argument
+    (send an `unseen_clip`: a cached video is not encoded again)."""
+    kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
+
+    def mask(rows, grid, spatial_merge_size, q):
+        out = torch.zeros(rows.shape[0], dtype=torch.bool)
+        out[kept] = True
+        return out
+
+    return mask
+
+
+def assert_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q):
+    """The server's mask is the oracle's on HF's features, except rows whose scores tie with the
+    cut-off (static background scores ~0; the two encoders' rounding then picks among equals)."""
+    oracle = compute_retention_mask(oracle_rows, grid, merge, q)
+    row_scores = torch.tensor(scores(oracle_rows, grid, merge))
+    cutoff = float(row_scores[oracle].min())
+    differ = (served ^ oracle).nonzero().flatten()
+    assert int(served.sum()) == int(oracle.sum())
+    assert all(abs(float(row_scores[i]) - cutoff) < MASK_TIE for i in differ), "the masks differ beyond ties"
 
 
 @pytest.mark.parametrize("q", [0.5, 0.75])
 @pytest.mark.parametrize("clip", ["noise", "moving"])
-def test_greedy_tokens_equal_hf_oracle(evs_server, tiny_model_dir, clips, q, clip):
-    assert_matches_hf(video_request(evs_server, clips[clip], q=q), hf_pruned_greedy(tiny_model_dir, clips[clip], q))
+def test_greedy_tokens_equal_hf_oracle(evs_server, evs_trace, tiny_model_dir, q, clip):
+    """HF given the server's mask (which must be the oracle's on HF's features, up to ties) at the
+    reference positions."""
+    clip = unseen_clip(evs_trace, clip, f"evs{q}")
+    reply = video_request(evs_server, clip, q=q)
+    mask, seen = served_mask(evs_trace), {}
+
+    def checked(rows, grid, merge, q):
+        seen["served"], seen["args"] = mask(rows, grid, merge, q), (rows, grid, merge, q)
+        return seen["served"]
+
+    assert_matches_hf(reply, hf_pruned_greedy(tiny_model_dir, clip, q, keep_mask=checked))
+    assert_masks_agree_up_to_ties(seen["served"], *seen["args"])
 
 
 # --- chunked prefill and the radix cache see the same positions

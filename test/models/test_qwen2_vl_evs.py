@@ -21,13 +21,17 @@ from sglang_evs.testing.server import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
-from evs_oracle import keep_mask, scores  # noqa: E402  (the keep-mask oracles written here)
+from evs_oracle import keep_mask  # noqa: E402  (the keep-mask oracles written here)
 from test_evs_serving import (  # noqa: E402
     HFReference,
     assert_chunks_equal,
+    assert_masks_agree_up_to_ties,
     assert_matches_hf,
     assert_same_generation,
+    hf_greedy_decode,
     served_in_chunks,
+    served_mask,
+    unseen_clip,
 )
 from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
 
@@ -186,15 +190,7 @@ def hf_pruned_greedy(
             positions[:, :, torch.arange(len(ids)) > int(is_pad.nonzero().max())] -= pruned
         embeds, positions = embeds[keep], positions[:, :, keep]
         offset = int(delta) + (0 if shift_text_back else pruned)
-        tokens, logprobs = [], []
-        for _ in range(steps):
-            out = model.model.language_model(inputs_embeds=embeds[None], position_ids=positions)
-            scores = torch.log_softmax(model.lm_head(out.last_hidden_state[0, -1]), dim=-1)
-            token = int(scores.argmax())
-            tokens.append(token)
-            logprobs.append(float(scores[token]))
-            embeds = torch.cat([embeds, model.model.language_model.embed_tokens(torch.tensor([token]))])
-            positions = torch.cat([positions, torch.full((3, 1, 1), embeds.shape[0] - 1 + offset)], dim=2)
+        tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps)
     return HFReference(tokens, int(keep.sum()), logprobs)
 
 
@@ -205,38 +201,6 @@ def hf_pruned_greedy(
 # 0.5 to 1.7, so these tolerances tell the exact rule from an inexact one.
 HF_TOLERANCE = {"Qwen2_5_VLForConditionalGeneration": 5e-2, "Qwen2VLForConditionalGeneration": 1e-3}
 VIDCOM2_SWAPS = {"Qwen2_5_VLForConditionalGeneration": 0.03, "Qwen2VLForConditionalGeneration": 0.0}
-MASK_TIE = 1e-3  # score gap within which SGLang's and HF's encoders may rank two rows differently
-
-
-def unseen_clip(trace_path: Path, kind: str, tag: str) -> Path:
-    """A clip of ``kind`` no earlier request sent, so the server encodes it (and traces its mask)
-    instead of reusing cached features."""
-    seed = 1000 + sum(map(ord, f"{kind}{tag}"))
-    return media.write_clip(trace_path.parent / f"unseen-{kind}-{tag}.mp4", kind, num_frames=16, fps=4, seed=seed)
-
-
-def served_mask(trace_path: Path):
-    """The keep-mask the server used for its last encoded video, as an oracle `mask_oracle` argument
-    (send an `unseen_clip`: a cached video is not encoded again)."""
-    kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
-
-    def mask(rows, grid, spatial_merge_size, q):
-        out = torch.zeros(rows.shape[0], dtype=torch.bool)
-        out[kept] = True
-        return out
-
-    return mask
-
-
-def assert_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q):
-    """The server's mask is the oracle's on HF's features, except rows whose scores tie with the
-    cut-off (static background scores ~0; the two encoders' rounding then picks among equals)."""
-    oracle = keep_mask(oracle_rows, grid, merge, q)
-    row_scores = torch.tensor(scores(oracle_rows, grid, merge))
-    cutoff = float(row_scores[oracle].min())
-    differ = (served ^ oracle).nonzero().flatten()
-    assert int(served.sum()) == int(oracle.sum())
-    assert all(abs(float(row_scores[i]) - cutoff) < MASK_TIE for i in differ), "the masks differ beyond ties"
 
 
 @pytest.mark.parametrize("q", [0.5, 0.75])

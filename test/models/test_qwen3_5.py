@@ -39,7 +39,12 @@ from sglang_evs.testing.server import running_server
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
 from evs_oracle import keep_mask as evs_keep_mask  # noqa: E402  (the oracles written here)
-from test_evs_serving import HFReference, assert_matches_hf, assert_same_generation  # noqa: E402
+from test_evs_serving import (  # noqa: E402
+    HFReference,
+    assert_matches_hf,
+    assert_same_generation,
+    hf_greedy_decode,
+)
 from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
 
 pytestmark = pytest.mark.slow  # ten servers, one after another
@@ -350,16 +355,7 @@ def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Pat
             positions[:, :, torch.arange(len(ids)) > int(is_pad.nonzero().max())] -= pruned
         embeds, positions = embeds[keep], positions[:, :, keep]
         offset = int(delta) + (0 if shift_text_back else pruned)
-        tokens, logprobs = [], []
-        for _ in range(steps):
-            out = inner.language_model(inputs_embeds=embeds[None], position_ids=positions, use_cache=False)
-            scores = torch.log_softmax(model.lm_head(out.last_hidden_state[0, -1]), dim=-1)
-            token = int(scores.argmax())
-            tokens.append(token)
-            logprobs.append(float(scores[token]))
-            next_position = torch.full((3, 1, 1), embeds.shape[0] + offset)
-            embeds = torch.cat([embeds, inner.language_model.embed_tokens(torch.tensor([token]))])
-            positions = torch.cat([positions, next_position], dim=2)
+        tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps)
     return HFReference(tokens, int(keep.sum()), logprobs)
 
 
