@@ -193,8 +193,9 @@ def compare_methods(
     methods: Sequence[str] = ("evs", "vidcom2"),
 ) -> dict:
     """The same clips pruned at ``rate`` by two methods, interleaved in one server: per clip, one
-    request per method (order alternating), each right after a cache flush; one-token latency
-    (not streamed) and prompt tokens. The ratio ``first/second`` per clip, with its interval."""
+    request per method (order alternating), each right after a cache flush; TTFT and latency of one
+    streamed output token, and prompt tokens. The latency ratio ``first/second`` per clip, with its
+    interval."""
     from tqdm import tqdm
 
     first, second = methods

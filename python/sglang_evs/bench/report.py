@@ -115,7 +115,7 @@ def report(result: dict) -> str:
                      f"{mq['prefill_ms']:.0f} ms")  # fmt: skip
         lines.append(f"E {result['encoder_ms']:.0f} ms, ideal {result['ideal_ms']:.0f} ms, measured/ideal "
                      f"{result['measured_over_ideal']:.3f}, latency vs q=0 {result['ttft_vs_q0']:.3f} "
-                     "(one output token, not streamed)")  # fmt: skip
+                     "(latency of a one-token streamed request)")  # fmt: skip
         if "latency_ratio" in result:
             lines.append(f"latency q={result['rate']} / q=0 per clip: " + interval_text(result["latency_ratio"]))
         if "ttft_ratio" in result:
