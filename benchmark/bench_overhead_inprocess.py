@@ -36,11 +36,13 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, default=9.0, help="stop the rounds early past this (0: never)")
     parser.add_argument("--clip-seconds", type=float, default=4.0, help="length of the video (4 frames/s)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--control", action="store_true",
+                        help="A/A run: upstream's model in both slots, the harness's own bias (expect 1)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the report as JSON here")
     args = parser.parse_args()
     model = args.model or cached_model(args.profile)
     settings = Settings(model, rounds=args.rounds, warmup=args.warmup, clip_seconds=args.clip_seconds,
-                        threads=args.threads, max_minutes=args.max_minutes)  # fmt: skip
+                        threads=args.threads, max_minutes=args.max_minutes, control=args.control)  # fmt: skip
     report = measure(settings)
     report["profile"] = None if args.model else args.profile
     print(report_text(report))

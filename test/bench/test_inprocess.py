@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_evs.bench.inprocess import GOAL, half_width, pair_ratios, share_tensors, summarize
+from sglang_evs.bench.inprocess import GOAL, check_routing, half_width, pair_ratios, share_tensors, summarize
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "bench_overhead_inprocess.py"
 SCENARIOS = ["text", "image", "video", "video_chunk1", "video_chunk2", "decode"]
@@ -45,11 +45,21 @@ def test_summary_pools_every_pair_and_weighs_rounds_by_time():
     assert report["round_totals"]["geometric_mean"] == pytest.approx(1.02, rel=0.002)
     assert report["scenarios"]["video"]["median_ms"] == {"ours": pytest.approx(1020.0), "upstream": 1000.0}
     assert report["within_goal"] is (report["pooled"]["high"] <= GOAL)
+    assert report["pooled_median"]["pairs"] == 6 and report["pooled_median"]["low"] is None  # too few pairs
 
 
 def test_half_width_is_relative_to_the_geometric_mean():
     assert half_width({"geometric_mean": 2.0, "low": 1.98, "high": 2.02}) == pytest.approx(0.01)
     assert half_width({"geometric_mean": 1.0, "low": None, "high": None}) is None
+
+
+def test_routing_must_show_each_routine_once_per_call_of_its_variant():
+    check_routing({"upstream_routine": 6, "ours_routine": 6, "ours_post_process": 6}, 6)
+    with pytest.raises(RuntimeError, match="routing"):  # ours called upstream's routine
+        check_routing({"upstream_routine": 12, "ours_routine": 0, "ours_post_process": 0}, 6)
+    with pytest.raises(RuntimeError, match="routing"):  # our routine ran without post_process
+        check_routing({"upstream_routine": 6, "ours_routine": 6, "ours_post_process": 0}, 6)
+    check_routing({"upstream_routine": 12, "ours_routine": 0, "ours_post_process": 0}, 6, control=True)
 
 
 def layers(extra: bool = False) -> torch.nn.Module:

@@ -48,11 +48,10 @@ from typing import Any
 
 import torch
 
-from sglang_evs.bench.ratios import geometric_interval
+from sglang_evs.bench.ratios import geometric_interval, median_interval
 
 VARIANTS = ("ours", "upstream")
 GOAL = 1.02  # the plugin's cost at q = 0: within 2 % of upstream
-CHUNK_TOKENS_BEFORE_VIDEO_END = 0.5  # the cut of the chunked scenario: halfway into the video
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,7 @@ class Settings:
     clip_size: int = 64
     max_total_tokens: int = 16384
     threads: int = 0  # torch threads (0: torch's default)
+    control: bool = False  # A/A: upstream's model in both slots (the harness's own bias: expect 1)
     max_minutes: float = 0.0  # time budget of the timed rounds (0: none)
 
 
@@ -105,21 +105,34 @@ class Scenario:
 
 def load_upstream_runner(settings: Settings) -> tuple[Any, Any, Any]:
     """SGLang's ModelRunner with no plugin loaded: (runner, tokenizer, server_args)."""
+    args = cpu_server_args(settings.model_dir, max_total_tokens=settings.max_total_tokens)
+    runner, tokenizer = load_runner(args)
+    return runner, tokenizer, args
+
+
+def cpu_server_args(model_dir: Path | str, **overrides: Any) -> Any:
+    """ServerArgs of a float32 CPU runner without radix cache; `overrides` are further ServerArgs fields."""
+    from sglang.srt.server_args import ServerArgs
+
+    fields = dict(model_path=str(model_dir), device="cpu", attention_backend="torch_native", dtype="float32",
+                  max_total_tokens=16384, disable_radix_cache=True)  # fmt: skip
+    return ServerArgs(**{**fields, **overrides})
+
+
+def load_runner(args: Any) -> tuple[Any, Any]:
+    """SGLang's ModelRunner in this process, as `sglang.benchmark.one_batch` loads it (publishing `args`
+    process-wide), with whatever plugins the caller loaded: (runner, tokenizer)."""
     from sglang.benchmark import one_batch
     from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import PortArgs, ServerArgs
+    from sglang.srt.server_args import PortArgs
 
-    args = ServerArgs(
-        model_path=str(settings.model_dir), device="cpu", attention_backend="torch_native", dtype="float32",
-        max_total_tokens=settings.max_total_tokens, disable_radix_cache=True,
-    )  # fmt: skip
     args.resolve_once()
     one_batch._set_envs_and_config(args)
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))
     one_batch._init_process_global_configs()
     bench_runner, tokenizer = one_batch.load_model(args, PortArgs.init_new(args), 0, 0)
     init_embedding_cache()
-    return bench_runner.torch_runner, tokenizer, args
+    return bench_runner.torch_runner, tokenizer
 
 
 def init_embedding_cache() -> None:
@@ -189,20 +202,24 @@ def media_processor(runner: Any, server_args: Any) -> Any:
 def make_request(runner: Any, processor: Any, tokenizer: Any, rid: str, prompt: str,
                  images: Sequence[Path] = (), videos: Sequence[Path] = ()) -> Any:  # fmt: skip
     """A scheduler `Req` as SGLang builds it: processed media, padded ids, the whole prompt to extend."""
+    if images or videos:
+        ids, mm_inputs = _processed(runner, processor, prompt, images, videos)
+        return new_request(rid, ids, mm_inputs, prompt)
+    return new_request(rid, array("q", tokenizer.encode(prompt)), text=prompt)
+
+
+def new_request(rid: str, ids: Sequence[int], mm_inputs: Any = None, text: str = "") -> Any:
+    """A scheduler `Req` of (padded) token ids and their media, ready to extend all its ids."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    if images or videos:
-        ids, mm_inputs = _processed(runner, processor, prompt, images, videos)
-    else:
-        ids, mm_inputs = array("q", tokenizer.encode(prompt)), None
-    req = Req(rid=rid, origin_input_text=prompt, origin_input_ids=ids,
+    req = Req(rid=rid, origin_input_text=text, origin_input_ids=array("q", ids),
               sampling_params=SamplingParams(temperature=0, max_new_tokens=8))  # fmt: skip
     if mm_inputs is not None:
         req.extend_image_inputs(mm_inputs)
     req.full_untruncated_fill_ids = req.origin_input_ids
     req.logprob_start_len = -1
-    req.extend_end = len(ids)
+    req.extend_end = len(req.origin_input_ids)
     return req
 
 
@@ -357,7 +374,8 @@ def measure(settings: Settings, progress: Callable[[str], None] = print) -> dict
         torch.set_num_threads(settings.threads)
     runner, tokenizer, server_args = load_upstream_runner(settings)
     upstream_name = check_upstream(runner.model)
-    models = {"ours": our_model(runner.model, runner), "upstream": runner.model}
+    ours = runner.model if settings.control else our_model(runner.model, runner)
+    models = {"ours": ours, "upstream": runner.model}
     with tempfile.TemporaryDirectory() as media_dir:
         processor = media_processor(runner, server_args)
         scenarios = build_scenarios(runner, models, tokenizer, processor, settings, Path(media_dir))
@@ -368,7 +386,7 @@ def measure(settings: Settings, progress: Callable[[str], None] = print) -> dict
         for _ in range(max(1, settings.warmup)):
             for index, scenario in enumerate(scenarios):
                 paired_call(runner, models, scenario, index)
-    check_routing(routing, expected=max(1, settings.warmup) * len(scenarios))
+    check_routing(routing, max(1, settings.warmup) * len(scenarios), settings.control)
     report = summarize(scenarios, timed_rounds(runner, models, scenarios, settings, progress))
     report["rounds_requested"] = settings.rounds
     report["routing_in_warmup"] = routing
@@ -429,10 +447,14 @@ def _counting(function: Callable, counts: dict[str, int], key: str) -> Callable:
     return counted
 
 
-def check_routing(counts: dict[str, int], expected: int) -> None:
-    """Each variant's forward went through its own routine, once per call, and ours through `post_process`."""
-    if any(count != expected for count in counts.values()):
-        raise RuntimeError(f"routing: expected {expected} calls of each, counted {counts}")
+def check_routing(counts: dict[str, int], calls: int, control: bool = False) -> None:
+    """Each variant's forward went through its own routine, once per call (`calls` per variant), and ours
+    through `post_process`; in a control run both slots went through upstream's routine."""
+    expected = dict.fromkeys(counts, calls)
+    if control:
+        expected = {key: 2 * calls if key == "upstream_routine" else 0 for key in counts}
+    if counts != expected:
+        raise RuntimeError(f"routing: expected {expected} calls, counted {counts}")
 
 
 def paired_call(runner: Any, models: dict[str, Any], scenario: Scenario, parity: int) -> dict[str, float]:
@@ -459,6 +481,7 @@ def summarize(scenarios: list[Scenario], times: dict[str, dict[str, list[float]]
             "outputs_identical": True,  # checked on every pair (paired_call raises otherwise)
             "median_ms": {"ours": statistics.median(ours) * 1e3, "upstream": statistics.median(upstream) * 1e3},
             "ratio": geometric_interval(ratios),
+            "median_ratio": median_interval(ratios),
             "per_pair": ratios,
         }
     rounds = len(next(iter(times.values()))["ours"])
@@ -469,6 +492,7 @@ def summarize(scenarios: list[Scenario], times: dict[str, dict[str, list[float]]
         "scenarios": per_scenario,
         "pooled": interval,
         "pooled_half_width": half_width(interval),
+        "pooled_median": median_interval(pooled),
         "round_totals": geometric_interval(totals),
         "goal": GOAL,
         "within_goal": interval["high"] is not None and interval["high"] <= GOAL,
@@ -496,6 +520,7 @@ def setup(settings: Settings, upstream_name: str, ours: type, processor: Any) ->
         "variants": {"ours": f"{ours.__module__}.{ours.__name__}", "upstream": upstream_name},
         "processor": f"{type(processor).__module__}.{type(processor).__name__}",
         "warmup": settings.warmup,
+        "control": settings.control,
         "max_minutes": settings.max_minutes,
         "clip_seconds": settings.clip_seconds,
         "clip_size": settings.clip_size,
@@ -521,6 +546,9 @@ def report_text(report: dict) -> str:
     width = report["pooled_half_width"]
     lines.append(f"pooled ({report['pooled']['pairs']} pairs): {_interval_text(report['pooled'])}"
                  + ("" if width is None else f", +-{100 * width:.2f} %"))  # fmt: skip
+    median = report["pooled_median"]
+    if median["low"] is not None:
+        lines.append(f"median pair: {median['median']:.4f} (95 % {median['low']:.4f}-{median['high']:.4f})")
     lines.append(f"per-round totals: {_interval_text(report['round_totals'])}")
     lines.append(f"within {100 * (report['goal'] - 1):.0f} % (interval's upper end): {report['within_goal']}")
     return "\n".join(lines)
