@@ -1,6 +1,6 @@
 """The plugin's cost at q = 0 in one process: the same ForwardBatches through our model and upstream's.
 
-    python benchmark/bench_overhead_inprocess.py --profile small --rounds 24 --out overhead.json
+    python benchmark/bench_overhead_inprocess.py --profile small --out overhead.json [--control]
 
 Run in a process of its own (an in-process SGLang ModelRunner publishes process-wide state); the CPU
 runtime's import fixes are installed first, so both variants run on the same ones.
@@ -26,8 +26,10 @@ What runs:
     forward context, as SGLang's eager runner calls it.
   - After warm-up calls, each round runs every scenario once per variant, the order alternating
     between pairs. Per scenario and pooled: the per-pair ratio ours / upstream, its geometric mean
-    and 95 % t interval (``ratios.geometric_interval``). The two variants' next-token logits must be
-    bit-identical on every pair (float32), or the run stops.
+    and 95 % t interval (``ratios.geometric_interval``), and its median with an order-statistic
+    interval (``ratios.median_interval``). The two variants' next-token logits must be bit-identical
+    on every pair (float32), or the run stops.
+  - A control run (``Settings.control``) puts upstream's model in both slots: the harness's own bias.
 """
 
 from __future__ import annotations
