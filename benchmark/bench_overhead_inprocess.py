@@ -22,9 +22,14 @@ from sglang_evs.bench.inprocess import Settings, measure, report_text  # noqa: E
 from sglang_evs.bench.sweep import cached_model  # noqa: E402
 from sglang_evs.testing.tiny_model import PROFILES  # noqa: E402
 
-# On the quiet 2-core machine a round of the small profile takes about 12 s: 40 rounds (240 pairs)
-# fit in about 9 minutes with the load and warm-up.
-DEFAULT_ROUNDS = 40
+# One torch thread: on the 2-core machine with other work beside it, a forward on two OpenMP threads
+# stalls whenever another process takes one core, and the per-pair ratios spread by tens of per cent;
+# on one thread they stay within about a per cent. The plugin's added work (Python, small copies)
+# does not scale with threads, so its share of a two-thread forward is at most twice the measured one.
+DEFAULT_THREADS = 1
+# A round of the small profile took about 15 s on one thread (2026-11-23, machine shared): 32 rounds
+# (192 pairs) take about 8 minutes; --max-minutes stops a slower run early rather than pass 10 minutes.
+DEFAULT_ROUNDS = 32
 
 
 def main() -> None:
@@ -35,7 +40,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed pairs per scenario first (at least 1)")
     parser.add_argument("--max-minutes", type=float, default=9.0, help="stop the rounds early past this (0: never)")
     parser.add_argument("--clip-seconds", type=float, default=4.0, help="length of the video (4 frames/s)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads (0: torch's choice)")
     parser.add_argument("--control", action="store_true",
                         help="A/A run: upstream's model in both slots, the harness's own bias (expect 1)")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the report as JSON here")
