@@ -24,7 +24,8 @@ from sglang_evs.testing.tiny_model import PROFILES  # noqa: E402
 
 # One torch thread: on the 2-core machine with other work beside it, a forward on two OpenMP threads
 # stalls whenever another process takes one core, and the per-pair ratios spread by tens of per cent;
-# on one thread they stay within about a per cent. The plugin's added work (Python, small copies)
+# on one thread far less (2026-11-23, small profile: +-0.30 % over 132 pairs, +-2.6 % over 90 in a
+# control run that another job's burst hit). The plugin's added work (Python, small copies)
 # does not scale with threads, so its share of a two-thread forward is at most twice the measured one.
 DEFAULT_THREADS = 1
 # A round of the small profile took about 15 s on one thread (2026-11-23, machine shared): 32 rounds
