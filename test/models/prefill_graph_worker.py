@@ -3,8 +3,8 @@
     python test/models/prefill_graph_worker.py MODEL_DIR
 
 Run as its own process (an in-process SGLang ModelRunner publishes process-wide state).
-The model is built by SGLang's own loader (as `sglang.benchmark.one_batch` builds it),
-with the plugin loaded. Capture follows `PrefillCudaGraphRunner`:
+The model is built by SGLang's own loader (as `sglang.benchmark.one_batch` builds it,
+through `sglang_evs.bench.inprocess`), with the plugin loaded. Capture follows `PrefillCudaGraphRunner`:
   - the body is `_resolve_transformer_layer_model(model).forward`, called with the
     runner's own `_get_layer_model_positions` and `_build_layer_model_forward_kwargs`
     on a fresh text-only extend batch whose `input_embeds` is the static slot;
@@ -19,7 +19,6 @@ inputs, and with eager forwards missing what the scenario is about.
 
 import json
 import sys
-from array import array
 from types import SimpleNamespace
 
 import torch
@@ -31,55 +30,22 @@ GRAPH_BUCKETS = [64, 768]  # the largest above max_prefill_tokens: the buffers m
 
 
 def load_runner(model_dir: str):
-    from sglang.benchmark import one_batch
     from sglang.srt.plugins import load_plugins
-    from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    from sglang_evs.bench import inprocess
 
     load_plugins()
-    args = ServerArgs(
-        model_path=model_dir, device="cpu", attention_backend="torch_native", dtype="float32",
-        max_total_tokens=4096, disable_radix_cache=True, chunked_prefill_size=256, max_prefill_tokens=512,
-        cuda_graph_bs_prefill=GRAPH_BUCKETS,
-    )  # fmt: skip
-    args.resolve_once()
-    one_batch._set_envs_and_config(args)
-    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))
-    one_batch._init_process_global_configs()
-    bench_runner, _ = one_batch.load_model(args, PortArgs.init_new(args), 0, 0)
-    return bench_runner.torch_runner
+    args = inprocess.cpu_server_args(model_dir, max_total_tokens=4096, chunked_prefill_size=256,
+                                     max_prefill_tokens=512, cuda_graph_bs_prefill=GRAPH_BUCKETS)  # fmt: skip
+    runner, _ = inprocess.load_runner(args)
+    return runner
 
 
 def extend_batch(runner, token_ids: list[int]):
     """A fresh one-request extend ForwardBatch, built through SGLang's scheduling path."""
-    from sglang.benchmark import one_batch
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-    from sglang.srt.runtime_context import get_schedule
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang_evs.bench import inprocess
 
-    req = Req(rid="r", origin_input_text="", origin_input_ids=array("q", token_ids),
-              sampling_params=SamplingParams(temperature=0, max_new_tokens=1))  # fmt: skip
-    req.full_untruncated_fill_ids = req.origin_input_ids
-    req.logprob_start_len = -1
-    req.extend_end = len(token_ids)
-    tree_cache = one_batch.TreeCacheNamespace(
-        page_size=get_schedule().page_size,
-        device=runner.device,
-        token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-    )
-    batch = ScheduleBatch.init_new(
-        reqs=[req], req_to_token_pool=runner.req_to_token_pool,
-        token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator, tree_cache=tree_cache,
-        model_config=runner.model_config, enable_overlap=False, spec_algorithm=SpeculativeAlgorithm.NONE,
-    )  # fmt: skip
-    batch.prepare_for_extend()
-    if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
-        batch.input_ids = batch.prefill_input_ids_cpu
-    forward_batch = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
-    runner.attn_backend.init_forward_metadata(forward_batch)
-    return forward_batch
+    return inprocess.extend_batch(runner, inprocess.schedule_batch(runner, [inprocess.new_request("r", token_ids)]))
 
 
 class Harness:

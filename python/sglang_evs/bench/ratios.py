@@ -97,3 +97,17 @@ def geometric_interval(ratios: list[float]) -> dict:
     )
     return {"geometric_mean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
             "pairs": len(logs)}  # fmt: skip
+
+
+def median_interval(ratios: list[float]) -> dict:
+    """Per-pair ratios -> their median and a distribution-free 95 % interval for it: the order statistics
+    at ranks n/2 -+ 1.96 sqrt(n)/2 (the sign test, normal approximation). A pair another process
+    disturbed moves it by one rank, however far off that pair is. No interval below 8 pairs."""
+    ordered = sorted(ratios)
+    count = len(ordered)
+    half = 1.96 * math.sqrt(count) / 2
+    low_rank, high_rank = math.floor(count / 2 - half), math.ceil(count / 2 + half)  # 1-based
+    if low_rank < 1 or high_rank > count:
+        return {"median": statistics.median(ordered), "low": None, "high": None, "pairs": count}
+    return {"median": statistics.median(ordered), "low": ordered[low_rank - 1], "high": ordered[high_rank - 1],
+            "pairs": count}  # fmt: skip
