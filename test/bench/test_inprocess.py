@@ -88,6 +88,7 @@ def test_sharing_refuses_a_model_missing_an_upstream_module():
         )
 
 
+@pytest.mark.slow  # loads a model runner in a process of its own (~10 s)
 def test_short_run_on_the_tiny_model(tiny_model_dir, tmp_path):
     out = tmp_path / "report.json"
     cmd = [sys.executable, str(SCRIPT), "--model", str(tiny_model_dir), "--rounds", "2", "--warmup", "1",

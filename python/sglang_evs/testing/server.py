@@ -82,7 +82,8 @@ class RunningServer:
 def stop(process: subprocess.Popen) -> None:
     if process.poll() is not None:
         return
-    os.killpg(process.pid, signal.SIGTERM)
+    # SIGINT: SGLang's server stops in well under a second (SIGTERM: about 6 s, measured on 0.5.23).
+    os.killpg(process.pid, signal.SIGINT)
     try:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
