@@ -14,11 +14,12 @@ before each round; req/s = requests / wall time. Then `--pairs` sequential short
 sent straight to a worker and through the router in alternating order; the router's added latency is
 the median of the per-pair differences.
 
-faults: `--requests` requests with long outputs are sent through the router at once; when both
-workers are busy, the busier worker's whole process group gets SIGKILL. Every accepted request must
-end, completed or with an HTTP error, within a per-request timeout (else it is counted as hung). Then
-new requests go through the router, the killed worker is restarted on its port, and the time until
-the router lists it healthy again is measured, with requests afterwards reaching both workers.
+faults: `--requests` requests with long outputs are sent through the router at once; when the router
+has at least half of them in flight, the busier worker's whole process group gets SIGKILL. Every
+accepted request must end, completed or with an HTTP error, within a per-request timeout (else it is
+counted as hung). Then: the time until the router stops listing the killed worker, new requests through
+the router, the killed worker restarted on its port, the time until the router lists it healthy again,
+and prompts new to both caches afterwards (cache-aware routing sends those to the emptier worker).
 """
 
 import argparse
@@ -36,6 +37,16 @@ import requests
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_RATE = 0.5
+# The router checks health every 60 s and drops a worker after 3 failures by default; the fault run
+# checks every 2 s so that dropping and rejoining happen within the run (retries are the defaults).
+HEALTH_ARGS = [
+    "--health-check-interval-secs",
+    "2",
+    "--health-failure-threshold",
+    "2",
+    "--health-success-threshold",
+    "1",
+]
 WORKER_ARGS = [
     "--dtype",
     "float32",
@@ -181,7 +192,9 @@ def faults(args, folder: Path) -> dict:
     model = model_dir()
     with ExitStack() as stack:
         workers = [stack.enter_context(running_server(model, folder / f"worker{i}.log", WORKER_ARGS)) for i in range(2)]
-        router = stack.enter_context(running_router([w.base_url for w in workers], folder / "router.log"))
+        router = stack.enter_context(
+            running_router([w.base_url for w in workers], folder / "router.log", extra=HEALTH_ARGS)
+        )
 
         def send(request):
             try:
@@ -209,6 +222,9 @@ def faults(args, folder: Path) -> dict:
                     results.append(requests.Timeout("no answer"))
             last_answer_after_kill_s = time.monotonic() - killed_at
         workers[victim].process.wait()
+        while workers[victim].base_url in healthy_workers(router.base_url) and time.monotonic() - killed_at < 120:
+            time.sleep(0.2)
+        unlisted_after_kill_s = time.monotonic() - killed_at
         after_kill = workload.send_concurrently(router.base_url, workload.mixed_requests(files, 16, (None,)), 8)
         listed_after_kill = healthy_workers(router.base_url)
         # restart on the same port; the router's health checker takes it back
@@ -232,6 +248,8 @@ def faults(args, folder: Path) -> dict:
         "killed_worker": victim,
         "unfinished_at_kill": len(in_flight),
         "last_answer_after_kill_s": last_answer_after_kill_s,
+        "router_health_args": HEALTH_ARGS,
+        "router_unlists_killed_worker_after_s": unlisted_after_kill_s,
         "router_lists_healthy_after_kill": len(listed_after_kill),
         "accepted": count_outcomes(results, args.hang_after_s),
         "errors": error_kinds(results),
