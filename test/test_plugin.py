@@ -3,6 +3,8 @@
 import logging
 from importlib.metadata import entry_points
 
+import pytest
+
 from sglang_evs import plugin
 
 
@@ -40,3 +42,25 @@ def test_sglang_load_plugins_runs_it():
     seen = plugins.load_plugins_by_group(plugins.GENERAL_PLUGINS_GROUP)
     func, dist = seen["sglang_evs"]
     assert func is plugin.load_plugin and dist == "sglang-evs"
+
+
+def test_adaptive_dispatch_to_encoder_is_refused_naming_the_flag():
+    from types import SimpleNamespace
+
+    with pytest.raises(plugin.UnsupportedServerArgsError, match="--enable-adaptive-dispatch-to-encoder"):
+        plugin.refuse_unsupported_server_args(None, SimpleNamespace(enable_adaptive_dispatch_to_encoder=True))
+    allowed = SimpleNamespace(enable_adaptive_dispatch_to_encoder=False)
+    assert plugin.refuse_unsupported_server_args("checked", allowed) == "checked"
+
+
+@pytest.mark.slow
+def test_server_with_adaptive_dispatch_stops_at_startup(tiny_model_dir, tmp_path):
+    """Refused while SGLang validates its arguments, before any scheduler starts."""
+    from sglang_evs.testing.server import start_server
+
+    log = tmp_path / "server.log"
+    process = start_server(tiny_model_dir, log, ["--enable-adaptive-dispatch-to-encoder"])
+    assert process.wait(timeout=180) != 0
+    text = log.read_text()
+    assert "sglang-evs does not support --enable-adaptive-dispatch-to-encoder" in text
+    assert "run_scheduler_process" not in text  # no scheduler was started

@@ -73,6 +73,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("import_processors"), register_processors, after)
     register(sglang.hook_target("compute_mm_token_counts"), count_kept_video_tokens, around)
     register(sglang.hook_target("handle_batch_output"), _add_usage_to_meta_info, around)
+    register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
     if trace.enabled():
         register(sglang.hook_target("prefill_graph_execute"), trace_prefill_graph_replay, after)
     # Our models' language models take no tensor argument but input_embeds (deepstack and
@@ -80,6 +81,24 @@ def register_hooks() -> None:
     # graphs may wrap them.
     breakable = sglang.BREAKABLE_CUDA_GRAPH_MM_ARCHS
     breakable.extend(arch for arch in registry.MODELS if arch not in breakable)
+
+
+class UnsupportedServerArgsError(ValueError):
+    """A server flag this plugin cannot serve with, raised while SGLang validates its arguments."""
+
+
+def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
+    """AFTER hook on ServerArgs.check_server_args: refuse, at startup, the flags whose code path
+    bypasses the plugin's embedding routine (it would fail at the first multimodal forward)."""
+    from sglang_evs.sglang_compat import UNSUPPORTED_SERVER_FLAGS
+
+    given = [flag for attr, flag in UNSUPPORTED_SERVER_FLAGS.items() if getattr(server_args, attr, False)]
+    if given:
+        raise UnsupportedServerArgsError(
+            f"sglang-evs does not support {', '.join(given)}: its multimodal embedding routine replaces "
+            "SGLang's for every model and has no adaptive-dispatch path; remove the flag or uninstall sglang-evs"
+        )
+    return result
 
 
 def trace_prefill_graph_replay(result, runner, forward_batch, *args, **kwargs):

@@ -40,6 +40,8 @@ INTERNALS: dict[str, str] = {
     "get_exec": "sglang.srt.runtime_context:get_exec",
     "get_schedule": "sglang.srt.runtime_context:get_schedule",
     "get_cuda_graph_max_batch_size": "sglang.srt.utils.common:get_cuda_graph_max_batch_size",
+    # process ranks and groups (`.attn_tp_group`: the ranks that run the same batch)
+    "get_parallel": "sglang.srt.runtime_context:get_parallel",
     # multimodal processors (tokenizer process)
     "UpstreamQwenVLProcessor": "sglang.srt.multimodal.processors.qwen_vl:QwenVLImageProcessor",
     "PROCESSOR_MAPPING": "sglang.srt.managers.multimodal_processor:PROCESSOR_MAPPING",
@@ -74,10 +76,18 @@ HOOK_TARGETS: dict[str, str] = {
     "import_processors": "sglang.srt.managers.multimodal_processor:import_processors",
     "compute_mm_token_counts": "sglang.srt.managers.schedule_batch:MultimodalInputs.compute_mm_token_counts",
     "handle_batch_output": "sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_batch_output",
+    # validation of the server arguments, in the launching process before any subprocess starts
+    "check_server_args": "sglang.srt.server_args:ServerArgs.check_server_args",
     # traced only (SGLANG_EVS_TRACE): each prefill CUDA graph replay
     "prefill_graph_execute": (
         "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.execute"
     ),
+}
+
+# Server flags the plugin cannot serve with: ServerArgs attribute -> the command-line flag.
+UNSUPPORTED_SERVER_FLAGS: dict[str, str] = {
+    # encoder disaggregation's adaptive dispatch embeds through SGLang's own split routine
+    "enable_adaptive_dispatch_to_encoder": "--enable-adaptive-dispatch-to-encoder",
 }
 
 # Checked at startup, with every hook target; the Qwen3-VL names are checked when those models load.
@@ -114,6 +124,17 @@ def prefill_limits() -> PrefillLimits:
         buckets = ()
     mixed_rows = int(args.max_running_requests or 0) if getattr(args, "enable_mixed_chunk", False) else 0
     return PrefillLimits(int(args.max_prefill_tokens or 0), int(args.chunked_prefill_size or 0), buckets, mixed_rows)
+
+
+def same_batch_group() -> Any | None:
+    """SGLang's group (a `GroupCoordinator`) of the ranks that run this rank's batches, when there
+    are several (`--tp-size` > 1); None at one rank or outside a server. Its `broadcast(tensor, src=0)`
+    sends rank 0's tensor to the others in place."""
+    try:
+        group = resolve("get_parallel")().attn_tp_group
+    except (AttributeError, RuntimeError, ValueError):  # no parallel groups in this process
+        return None
+    return group if group is not None and group.world_size > 1 else None
 
 
 class UnsupportedSGLangError(RuntimeError):
@@ -175,10 +196,14 @@ def installed_sglang_version() -> str:
 
 def missing_internals(names: tuple[str, ...] | None = None) -> list[str]:
     """The internals (default: the startup ones and every hook target) this SGLang lacks."""
-    paths = [INTERNALS[name] for name in names] if names is not None else [
-        *(INTERNALS[name] for name in STARTUP_INTERNALS),
-        *HOOK_TARGETS.values(),
-    ]
+    paths = (
+        [INTERNALS[name] for name in names]
+        if names is not None
+        else [
+            *(INTERNALS[name] for name in STARTUP_INTERNALS),
+            *HOOK_TARGETS.values(),
+        ]
+    )
     missing = []
     for path in paths:
         try:

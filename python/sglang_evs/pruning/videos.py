@@ -11,6 +11,10 @@ A model adapter owns one `PrunedVideos` and routes two things through it:
     language model will read.
 The tokenizer side (`layout.py`) laid the region out and left its unpruned ids and positions
 on the item (`fields.py`).
+
+Under tensor parallelism every rank of a batch computes the masks, and rank 0's are broadcast to the
+others (`agreed_masks`): a score tie broken differently on two ranks (their vision outputs may
+differ in the last bit) would otherwise give them different kept rows and positions.
 """
 
 import os
@@ -20,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.evs import METHODS
 from sglang_evs.multimodal.contract import BatchLayout
@@ -53,6 +58,7 @@ class PrunedVideos:
         self.embed_tokens = embed_tokens
         self.encode = encode
         self.masks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.rank_group = sglang.same_batch_group()  # None at one rank
 
     def features(self, items: list) -> torch.Tensor | list[torch.Tensor]:
         if not any(is_pruned(item) for item in items):
@@ -62,21 +68,24 @@ class PrunedVideos:
         patches = [int(item.video_grid_thw.reshape(-1, 3).prod(dim=-1).sum()) for item in items]
         encoded = torch.cat([self._timed_encode(group) for group in self._encoder_groups(items, patches)])
         start = time.perf_counter()
-        out = []
-        for item, rows in zip(items, encoded.split([n // merge**2 for n in patches]), strict=True):
-            if not is_pruned(item):
-                out.append(rows)
-                continue
-            grid = item.video_grid_thw.reshape(-1, 3)[0].tolist()
-            method = METHODS[item.model_specific_data[METHOD]]
-            mask = method.retention_mask(rows, grid, merge, item.model_specific_data[RATE])
+        rows_per_item = encoded.split([n // merge**2 for n in patches])
+        pruned = [(item, rows) for item, rows in zip(items, rows_per_item, strict=True) if is_pruned(item)]
+        masks = agreed_masks([self._keep_mask(item, rows) for item, rows in pruned], self.rank_group)
+        filled = {}
+        for (item, rows), mask in zip(pruned, masks, strict=True):
             self._remember(item.hash, mask)
             if trace.enabled():
                 trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist())
-            out.append(self._fill_region(item, rows, mask))
+            filled[id(item)] = self._fill_region(item, rows, mask)
+        out = [filled.get(id(item), rows) for item, rows in zip(items, rows_per_item, strict=True)]
         if trace.enabled():
             trace.record("mask_and_fill", items=[item.hash for item in items], ms=(time.perf_counter() - start) * 1e3)
         return out
+
+    def _keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
+        grid = item.video_grid_thw.reshape(-1, 3)[0].tolist()
+        method = METHODS[item.model_specific_data[METHOD]]
+        return method.retention_mask(rows, grid, self.spatial_merge_size, item.model_specific_data[RATE])
 
     def _timed_encode(self, items: list) -> torch.Tensor:
         if not trace.enabled():
@@ -146,3 +155,16 @@ class PrunedVideos:
         self.masks.move_to_end(key)
         while len(self.masks) > self.MASKS_KEPT:
             self.masks.popitem(last=False)
+
+
+def agreed_masks(masks: list[torch.Tensor], group) -> list[torch.Tensor]:
+    """The keep-masks (bool [rows_i] each) of rank 0 of `group`, on every rank: one broadcast of
+    their concatenation (uint8; gloo has no bool). `group`: None (one rank) or an object with
+    `broadcast(tensor, src=0)` that overwrites the tensor in place with rank 0's. Every rank of the
+    group must call it with masks of the same lengths (they run the same batch)."""
+    if group is None or not masks:
+        return masks
+    flat = torch.cat([mask.to(torch.uint8).flatten() for mask in masks])
+    device = getattr(group, "device", flat.device)
+    shared = group.broadcast(flat.to(device), src=0).to(flat.device)
+    return [part.bool() for part in shared.split([mask.numel() for mask in masks])]

@@ -1,0 +1,290 @@
+"""sglang-router (cache-aware) in front of two EVS workers on the CPU route: throughput, the router's
+own latency, and a worker killed with requests in flight.
+
+    python benchmark/bench_router.py throughput [--requests 64] [--rounds 3] [--pairs 30] [--output R.json]
+    python benchmark/bench_router.py faults [--requests 32] [--output R.json]
+
+Workers are the bundled tiny Qwen3-VL (float32) pruning every video at q = .5 (their default rate:
+sglang-router 0.3.2 drops per-request `mm_processor_kwargs`), started by the CPU harness, so several
+ranks on one machine share its cores.
+
+throughput: the same mixed request set (text, image, video; `sglang_evs.testing.workload`), all at
+once, to one worker and to the router in front of two, alternating, with the workers' caches flushed
+before each round; req/s = requests / wall time. Then `--pairs` sequential short text requests, each
+sent straight to a worker and through the router in alternating order; the router's added latency is
+the median of the per-pair differences.
+
+faults: `--requests` requests with long outputs are sent through the router at once; when the router
+has at least half of them in flight, the busier worker's whole process group gets SIGKILL. Every
+accepted request must end, completed or with an HTTP error, within a per-request timeout (else it is
+counted as hung). Then: the time until the router stops listing the killed worker, new requests through
+the router, the killed worker restarted on its port, the time until the router lists it healthy again,
+and prompts new to both caches afterwards (cache-aware routing sends those to the emptier worker).
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+SERVER_RATE = 0.5
+# The router checks health every 60 s and drops a worker after 3 failures by default; the fault run
+# checks every 2 s so that dropping and rejoining happen within the run (retries are the defaults).
+HEALTH_ARGS = [
+    "--health-check-interval-secs",
+    "2",
+    "--health-failure-threshold",
+    "2",
+    "--health-success-threshold",
+    "1",
+]
+WORKER_ARGS = [
+    "--dtype",
+    "float32",
+    "--enable-metrics",
+    "--json-model-override-args",
+    f'{{"video_pruning_rate": {SERVER_RATE}}}',
+]
+
+
+def outcome(result: object, hang_after_s: float) -> str:
+    """'completed', 'error' (an HTTP error or a refused connection, reported to the client) or 'hung'."""
+    if isinstance(result, requests.Timeout) or (isinstance(result, float) and result >= hang_after_s):
+        return "hung"
+    return "error" if isinstance(result, Exception) else "completed"
+
+
+def count_outcomes(results: list, hang_after_s: float) -> dict[str, int]:
+    counts = {"completed": 0, "error": 0, "hung": 0}
+    for result in results:
+        counts[outcome(result, hang_after_s)] += 1
+    return counts
+
+
+def error_kinds(results: list) -> dict[str, int]:
+    """How many requests failed with each first line of error (HTTP status and the body's start)."""
+    kinds: dict[str, int] = {}
+    for result in results:
+        if isinstance(result, Exception):
+            key = str(result).splitlines()[0][:160]
+            kinds[key] = kinds.get(key, 0) + 1
+    return kinds
+
+
+def median_difference_ms(direct: list[float], routed: list[float]) -> float:
+    """Median over pairs of (routed - direct), in ms: the router's added latency per request."""
+    return statistics.median(r - d for d, r in zip(direct, routed, strict=True)) * 1000
+
+
+def model_dir() -> Path:
+    sys.path.insert(0, str(REPO / "test"))
+    from conftest import build_cached_model
+
+    return build_cached_model("tiny")
+
+
+def router_loads(router_url: str, worker_urls: list[str]) -> list[int]:
+    """Requests the router has in flight to each worker (its `GET /workers` load counters)."""
+    body = requests.get(f"{router_url}/workers", timeout=10).json()
+    load = {worker["url"]: int(worker.get("load", 0)) for worker in body["workers"]}
+    return [load.get(url, 0) for url in worker_urls]
+
+
+def served_requests(base_url: str) -> float:
+    for line in requests.get(f"{base_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("sglang:num_requests_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def send_text(base_url: str, text: str) -> object:
+    """A raw-text request (no chat template): its prefix is new to every worker's cache."""
+    body = {"text": text, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    try:
+        reply = requests.post(f"{base_url}/generate", json=body, timeout=120)
+        reply.raise_for_status()
+        return reply.json()
+    except requests.RequestException as exc:
+        return exc
+
+
+def timed_round(base_url: str, request_set: list, max_new_tokens: int) -> tuple[float, list]:
+    from sglang_evs.testing import workload
+
+    start = time.perf_counter()
+    results = workload.send_concurrently(base_url, request_set, max_new_tokens)
+    return time.perf_counter() - start, results
+
+
+def one_text_latency(base_url: str) -> float:
+    from sglang_evs.testing.requests import chat_prompt
+
+    body = {"text": chat_prompt(text="Hi."), "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    start = time.perf_counter()
+    requests.post(f"{base_url}/generate", json=body, timeout=120).raise_for_status()
+    return time.perf_counter() - start
+
+
+def throughput(args, folder: Path) -> dict:
+    from sglang_evs.testing import workload
+    from sglang_evs.testing.requests import flush_cache
+    from sglang_evs.testing.router import running_router
+    from sglang_evs.testing.server import running_server
+
+    request_set = workload.mixed_requests(workload.write_media(folder / "media"), args.requests, video_rates=(None,))
+    rounds: dict[str, list[float]] = {"one_worker": [], "router_two_workers": []}
+    with ExitStack() as stack:
+        workers = [
+            stack.enter_context(running_server(model_dir(), folder / f"worker{i}.log", WORKER_ARGS)) for i in range(2)
+        ]
+        router = stack.enter_context(running_router([w.base_url for w in workers], folder / "router.log"))
+        timed_round(router.base_url, request_set[:8], args.max_new_tokens)  # warm both paths once
+        timed_round(workers[0].base_url, request_set[:8], args.max_new_tokens)
+        for round_index in range(args.rounds):
+            order = ["one_worker", "router_two_workers"][:: 1 if round_index % 2 == 0 else -1]
+            for target in order:
+                for worker in workers:
+                    flush_cache(worker.base_url)
+                url = workers[0].base_url if target == "one_worker" else router.base_url
+                wall, results = timed_round(url, request_set, args.max_new_tokens)
+                failed = [r for r in results if isinstance(r, Exception)]
+                if failed:
+                    raise RuntimeError(f"{len(failed)} requests failed: {failed[0]}")
+                rounds[target].append(len(request_set) / wall)
+        direct, routed = [], []
+        for pair in range(args.pairs):
+            first, second = (direct, routed) if pair % 2 == 0 else (routed, direct)
+            for series in (first, second):
+                series.append(one_text_latency(workers[0].base_url if series is direct else router.base_url))
+    one, two = statistics.median(rounds["one_worker"]), statistics.median(rounds["router_two_workers"])
+    return {
+        "requests": args.requests,
+        "max_new_tokens": args.max_new_tokens,
+        "req_per_s": rounds,
+        "median_req_per_s": {"one_worker": one, "router_two_workers": two},
+        "router_two_over_one": two / one,
+        "router_added_latency_ms": {
+            "pairs": args.pairs,
+            "median": median_difference_ms(direct, routed),
+            "direct_median_ms": statistics.median(direct) * 1000,
+            "routed_median_ms": statistics.median(routed) * 1000,
+        },
+        "cpu_cores": len(os.sched_getaffinity(0)),
+    }
+
+
+def faults(args, folder: Path) -> dict:
+    from sglang_evs.testing import workload
+    from sglang_evs.testing.router import healthy_workers, running_router
+    from sglang_evs.testing.server import running_server, start_server, stop, wait_healthy
+
+    files = workload.write_media(folder / "media")
+    request_set = workload.mixed_requests(files, args.requests, video_rates=(None,))
+    model = model_dir()
+    with ExitStack() as stack:
+        workers = [stack.enter_context(running_server(model, folder / f"worker{i}.log", WORKER_ARGS)) for i in range(2)]
+        router = stack.enter_context(
+            running_router([w.base_url for w in workers], folder / "router.log", extra=HEALTH_ARGS)
+        )
+
+        def send(request):
+            try:
+                return workload.send(router.base_url, request, args.max_new_tokens)
+            except Exception as exc:  # noqa: BLE001 - counted per request
+                return exc
+
+        with ThreadPoolExecutor(max_workers=len(request_set)) as pool:
+            futures = [pool.submit(send, request) for request in request_set]
+            deadline = time.monotonic() + 60
+            urls = [w.base_url for w in workers]
+            loads = [0, 0]
+            while time.monotonic() < deadline and sum(loads) < len(request_set) // 2:
+                loads = router_loads(router.base_url, urls)
+                time.sleep(0.05)
+            victim = max(range(2), key=lambda i: loads[i])
+            os.killpg(workers[victim].process.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            in_flight = [f for f in futures if not f.done()]
+            results = []
+            for future in futures:
+                try:
+                    results.append(future.result(timeout=max(0.0, killed_at + args.hang_after_s - time.monotonic())))
+                except TimeoutError:
+                    results.append(requests.Timeout("no answer"))
+            last_answer_after_kill_s = time.monotonic() - killed_at
+        workers[victim].process.wait()
+        while workers[victim].base_url in healthy_workers(router.base_url) and time.monotonic() - killed_at < 120:
+            time.sleep(0.2)
+        unlisted_after_kill_s = time.monotonic() - killed_at
+        after_kill = workload.send_concurrently(router.base_url, workload.mixed_requests(files, 16, (None,)), 8)
+        listed_after_kill = healthy_workers(router.base_url)
+        # restart on the same port; the router's health checker takes it back
+        port = int(workers[victim].base_url.rsplit(":", 1)[1])
+        restarted = start_server(model, folder / f"worker{victim}-restarted.log", WORKER_ARGS, port=port)
+        stack.callback(stop, restarted)
+        restart_at = time.monotonic()
+        wait_healthy(workers[victim].base_url, restarted, folder / f"worker{victim}-restarted.log")
+        healthy_at = time.monotonic()
+        while len(healthy_workers(router.base_url)) < 2 and time.monotonic() - healthy_at < 120:
+            time.sleep(0.2)
+        rejoined_at = time.monotonic()
+        served_before = [served_requests(w.base_url) for w in workers]
+        # cache-aware routing sends a prompt no worker has cached to the worker with the smallest cache
+        after_rejoin = [send_text(router.base_url, f"{i} {'novel ' * (i + 20)}") for i in range(8)]
+        served_after = [served_requests(w.base_url) for w in workers]
+    return {
+        "requests": len(request_set),
+        "max_new_tokens": args.max_new_tokens,
+        "router_in_flight_per_worker_at_kill": loads,
+        "killed_worker": victim,
+        "unfinished_at_kill": len(in_flight),
+        "last_answer_after_kill_s": last_answer_after_kill_s,
+        "router_health_args": HEALTH_ARGS,
+        "router_unlists_killed_worker_after_s": unlisted_after_kill_s,
+        "router_lists_healthy_after_kill": len(listed_after_kill),
+        "accepted": count_outcomes(results, args.hang_after_s),
+        "errors": error_kinds(results),
+        "hang_after_s": args.hang_after_s,
+        "new_requests_after_kill": count_outcomes(after_kill, args.hang_after_s),
+        "new_request_errors": error_kinds(after_kill),
+        "restart_to_worker_healthy_s": healthy_at - restart_at,
+        "worker_healthy_to_router_lists_it_s": rejoined_at - healthy_at,
+        "requests_after_rejoin": count_outcomes(after_rejoin, args.hang_after_s),
+        "served_after_rejoin_per_worker": [a - b for a, b in zip(served_after, served_before, strict=True)],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("throughput", "faults"))
+    parser.add_argument("--requests", type=int, default=None, help="64 (throughput) or 32 (faults)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="16 (throughput) or 128 (faults)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--hang-after-s", type=float, default=180.0)
+    parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench_router")
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    args.requests = args.requests or (64 if args.mode == "throughput" else 32)
+    args.max_new_tokens = args.max_new_tokens or (16 if args.mode == "throughput" else 128)
+    folder = args.workdir / args.mode
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {"mode": args.mode, **(throughput(args, folder) if args.mode == "throughput" else faults(args, folder))}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.output:
+        args.output.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""A mixed request set (text, image, videos at two EVS rates) sent concurrently: the scale-out tests,
+the router fault run and the router benchmark share it."""
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs
+
+VIDEO_RATES = (0.25, 0.75)
+
+
+@dataclass(frozen=True)
+class MixedRequest:
+    name: str  # unique in a set: kind and index
+    kind: str  # one of kinds(video_rates)
+    prompt: str
+    extra: dict = field(default_factory=dict)  # media and mm_processor_kwargs for /generate
+
+
+def write_media(out: Path, clips: int = 4, images: int = 2) -> dict[str, list[Path]]:
+    """Distinct 4-group clips (moving and noise, 16 frames at 4 fps) and images under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    kinds = ("moving", "noise")
+    return {
+        "videos": [
+            media.write_clip(out / f"clip{i}.mp4", kinds[i % 2], num_frames=16, fps=4, seed=20 + i)
+            for i in range(clips)
+        ],
+        "images": [media.write_image(out / f"image{i}.png", seed=30 + i) for i in range(images)],
+    }
+
+
+def kinds(video_rates: Sequence[float | None]) -> tuple[str, ...]:
+    """Request kinds: text, image, and a video kind per rate (None: the server's default rate)."""
+    return ("text", "image", *(f"video q={q}" if q is not None else "video" for q in video_rates))
+
+
+def mixed_requests(
+    files: dict[str, list[Path]], count: int, video_rates: Sequence[float | None] = VIDEO_RATES
+) -> list[MixedRequest]:
+    """`count` requests cycling text, image, and a video per rate in `video_rates` (set per request in
+    `mm_processor_kwargs`; None sets none) over the media given."""
+    names = kinds(video_rates)
+    out = []
+    for i in range(count):
+        kind = names[i % len(names)]
+        turn = i // len(names)
+        if kind == "text":
+            out.append(MixedRequest(f"{kind} #{i}", kind, chat_prompt(text=f"Say something about {turn}.")))
+        elif kind == "image":
+            image = files["images"][turn % len(files["images"])]
+            out.append(MixedRequest(f"{kind} #{i}", kind, chat_prompt(IMAGE), media_kwargs(images=[image])))
+        else:
+            q = video_rates[names.index(kind) - 2]
+            clip = files["videos"][turn % len(files["videos"])]
+            rate = {} if q is None else {"mm_processor_kwargs": {"video_pruning_rate": q}}
+            extra = {**media_kwargs(videos=[clip]), **rate}
+            out.append(MixedRequest(f"{kind} #{i}", kind, chat_prompt(VIDEO), extra))
+    return out
+
+
+def send(base_url: str, request: MixedRequest, max_new_tokens: int = 8) -> Generation:
+    return generate(base_url, request.prompt, max_new_tokens=max_new_tokens, top_k=1, **request.extra)[0]
+
+
+def send_concurrently(
+    base_url: str,
+    requests: Sequence[MixedRequest],
+    max_new_tokens: int = 8,
+    sender: Callable[[str, MixedRequest, int], object] = send,
+) -> list:
+    """Every request at once (one thread each); the results in request order (an exception where one failed)."""
+
+    def one(request: MixedRequest):
+        try:
+            return sender(base_url, request, max_new_tokens)
+        except Exception as exc:  # noqa: BLE001 - reported per request
+            return exc
+
+    with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
+        return list(pool.map(one, requests))
+
+
+def pruning_totals(generations: Sequence[Generation]) -> dict[str, int]:
+    """What the requests' meta info says EVS saw and kept, summed, and how many videos it pruned."""
+    pruned = [g.meta for g in generations if g.meta.get("video_pruning_rate", 0) > 0]
+    return {
+        "video_tokens_before_pruning": sum(m["video_tokens_before_pruning"] for m in pruned),
+        "video_tokens_after_pruning": sum(m["video_tokens_after_pruning"] for m in pruned),
+        "pruned_videos": len(pruned),
+    }

@@ -1,0 +1,47 @@
+"""The router benchmark's bookkeeping: how a request ended, error summaries, the router's added latency."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import requests
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "bench_router.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_router", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_outcomes_tell_completed_errors_and_hangs_apart(bench):
+    results = [
+        {"text": "ok"},
+        RuntimeError("/generate answered 503: no available workers"),
+        requests.ConnectionError("refused"),
+        requests.Timeout("no answer"),
+    ]
+    assert bench.count_outcomes(results, hang_after_s=180) == {"completed": 1, "error": 2, "hung": 1}
+
+
+def test_error_kinds_count_first_lines(bench):
+    results = [RuntimeError("/generate answered 503: a\nbody"), RuntimeError("/generate answered 503: a"), "fine"]
+    assert bench.error_kinds(results) == {"/generate answered 503: a": 2}
+
+
+def test_router_added_latency_is_the_median_pair_difference(bench):
+    direct = [0.010, 0.020, 0.030]
+    routed = [0.011, 0.025, 0.032]
+    assert bench.median_difference_ms(direct, routed) == pytest.approx(2.0)
+
+
+def test_router_loads_are_read_per_worker_url(bench, monkeypatch):
+    class Reply:
+        def json(self):
+            return {"workers": [{"url": "http://b", "load": 3}, {"url": "http://a", "load": 1}]}
+
+    monkeypatch.setattr(bench.requests, "get", lambda url, timeout: Reply())
+    assert bench.router_loads("http://router", ["http://a", "http://b", "http://c"]) == [1, 3, 0]

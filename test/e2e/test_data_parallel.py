@@ -1,0 +1,66 @@
+"""`--dp-size 2` (SGLang's DP controller, one scheduler per replica) with EVS: 64 concurrent mixed
+requests get a single server's tokens and counts, and the Prometheus totals add up."""
+
+import pytest
+
+from sglang_evs import __version__
+from sglang_evs.testing import workload
+from sglang_evs.testing.requests import pruning_metrics
+from sglang_evs.testing.server import running_server
+
+pytestmark = pytest.mark.slow
+
+REQUESTS = 64
+SERVER_ARGS = ["--dtype", "float32", "--enable-metrics"]
+
+
+@pytest.fixture(scope="module")
+def request_set(tmp_path_factory):
+    return workload.mixed_requests(workload.write_media(tmp_path_factory.mktemp("dp_media")), REQUESTS)
+
+
+def serve(model_dir, log_path, args, request_set) -> dict:
+    with running_server(model_dir, log_path, [*SERVER_ARGS, *args]) as server:
+        before = pruning_metrics(server.base_url)
+        results = workload.send_concurrently(server.base_url, request_set)
+        after = pruning_metrics(server.base_url)
+        log = server.log()
+    delta = {name: after.get((name, "evs"), 0) - before.get((name, "evs"), 0) for name, _ in after}
+    return {"results": results, "metrics": delta, "log": log}
+
+
+@pytest.fixture(scope="module")
+def single(tiny_model_dir, tmp_path_factory, request_set):
+    return serve(tiny_model_dir, tmp_path_factory.mktemp("dp1") / "server.log", [], request_set)
+
+
+@pytest.fixture(scope="module")
+def replicated(tiny_model_dir, tmp_path_factory, request_set):
+    return serve(tiny_model_dir, tmp_path_factory.mktemp("dp2") / "server.log", ["--dp-size", "2"], request_set)
+
+
+def test_every_request_succeeds_with_the_single_servers_tokens(single, replicated, request_set):
+    failed = [
+        (r.name, out) for r, out in zip(request_set, replicated["results"], strict=True) if isinstance(out, Exception)
+    ]
+    assert not failed
+    for request, one, two in zip(request_set, single["results"], replicated["results"], strict=True):
+        assert (two.output_ids, two.prompt_tokens) == (one.output_ids, one.prompt_tokens), request.name
+
+
+def test_pruning_counts_per_request_and_in_prometheus_add_up(single, replicated, request_set):
+    for request, one, two in zip(request_set, single["results"], replicated["results"], strict=True):
+        fields = ("video_pruning_rate", "video_tokens_before_pruning", "video_tokens_after_pruning", "video_tokens")
+        assert {f: two.meta.get(f) for f in fields} == {f: one.meta.get(f) for f in fields}, request.name
+    totals = workload.pruning_totals(replicated["results"])
+    assert totals["pruned_videos"] == REQUESTS // 2  # half the set are videos, all at q > 0
+    assert replicated["metrics"] == totals == workload.pruning_totals(single["results"])
+
+
+def test_both_replicas_served_and_the_plugin_loaded_in_each(replicated):
+    log = replicated["log"]
+    announced = [line for line in log.splitlines() if f"sglang-evs {__version__} plugin loaded" in line]
+    schedulers = {line.split("pid ")[1].split(",")[0] for line in announced if "in run_scheduler_process" in line}
+    assert len(schedulers) == 2
+    assert any("in run_data_parallel_controller_process" in line for line in announced)
+    assert "DP0" in log and "DP1" in log  # both replicas logged batches

@@ -1,0 +1,105 @@
+"""`sglang-router` (cache-aware) in front of two workers started with the plugin, EVS on.
+
+The workers prune every video at their default rate (q = .5). sglang-router 0.3.2 rebuilds each
+request from its own typed fields and drops `mm_processor_kwargs`: a per-request rate sent through it
+never reaches a worker (the last test pins that; README and docs/scaling.md say so).
+"""
+
+from contextlib import ExitStack
+
+import pytest
+
+from sglang_evs.testing import media, workload
+from sglang_evs.testing.requests import VIDEO, chat_prompt, generate, media_kwargs, pruning_metrics
+from sglang_evs.testing.router import healthy_workers, running_router
+from sglang_evs.testing.server import running_server
+
+pytestmark = pytest.mark.slow
+
+REQUESTS = 64
+SERVER_RATE = 0.5
+WORKER_ARGS = [
+    "--dtype",
+    "float32",
+    "--enable-metrics",
+    "--json-model-override-args",
+    f'{{"video_pruning_rate": {SERVER_RATE}}}',
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return workload.write_media(tmp_path_factory.mktemp("router_media"))
+
+
+@pytest.fixture(scope="module")
+def request_set(files):
+    return workload.mixed_requests(files, REQUESTS, video_rates=(None,))  # text, image, video at the workers' rate
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir, tmp_path_factory, request_set):
+    """The request set from one worker on its own."""
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("single") / "server.log", WORKER_ARGS) as server:
+        return workload.send_concurrently(server.base_url, request_set)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("router")
+    with ExitStack() as stack:
+        workers = [
+            stack.enter_context(running_server(tiny_model_dir, folder / f"worker{i}.log", WORKER_ARGS))
+            for i in range(2)
+        ]
+        router = stack.enter_context(running_router([w.base_url for w in workers], folder / "router.log"))
+        yield router, workers
+
+
+def summed_metrics(workers) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for worker in workers:
+        for (name, method), value in pruning_metrics(worker.base_url).items():
+            if method == "evs":
+                totals[name] = totals.get(name, 0) + value
+    return totals
+
+
+def test_64_mixed_requests_through_the_router_match_one_worker(cluster, reference, request_set):
+    router, workers = cluster
+    assert sorted(healthy_workers(router.base_url)) == sorted(w.base_url for w in workers)
+    before = summed_metrics(workers)
+    routed = workload.send_concurrently(router.base_url, request_set)
+    after = summed_metrics(workers)
+    assert not [r.name for r, out in zip(request_set, routed, strict=True) if isinstance(out, Exception)]
+    for request, one, through in zip(request_set, reference, routed, strict=True):
+        assert (through.output_ids, through.prompt_tokens) == (one.output_ids, one.prompt_tokens), request.name
+        assert through.meta.get("video_tokens_after_pruning") == one.meta.get("video_tokens_after_pruning")
+    totals = workload.pruning_totals(routed)
+    assert totals["pruned_videos"] == REQUESTS // 3
+    assert {name: after[name] - before.get(name, 0) for name in after} == totals
+
+
+def test_the_same_video_twice_is_served_from_one_workers_radix_cache(cluster, tmp_path):
+    router, _ = cluster
+    clip = media.write_clip(tmp_path / "fresh.mp4", "noise", num_frames=16, fps=4, seed=99)
+    prompt, kwargs = chat_prompt(VIDEO, text="What changes?"), media_kwargs(videos=[clip])
+    first = generate(router.base_url, prompt, **kwargs)[0]
+    again = generate(router.base_url, prompt, **kwargs)[0]
+    assert first.meta["video_pruning_rate"] == SERVER_RATE
+    assert first.cached_tokens < 20  # only the chat template's text was seen before
+    assert again.cached_tokens >= first.prompt_tokens - 1  # every token but the last, on the same worker
+    assert again.output_ids == first.output_ids
+
+
+def test_router_drops_a_per_request_rate_and_the_workers_default_applies(cluster, files):
+    """sglang-router 0.3.2 behaviour; when a release forwards `mm_processor_kwargs`, this fails and the
+    docs' recipe can drop its caveat."""
+    router, workers = cluster
+    request = workload.mixed_requests(files, 4, video_rates=(None, 0.75))[3]
+    assert request.extra["mm_processor_kwargs"] == {"video_pruning_rate": 0.75}
+    direct = workload.send(workers[0].base_url, request)
+    routed = workload.send(router.base_url, request)
+    assert direct.meta["video_pruning_rate"] == 0.75
+    assert routed.meta["video_pruning_rate"] == SERVER_RATE
+    assert routed.prompt_tokens > direct.prompt_tokens

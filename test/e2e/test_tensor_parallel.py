@@ -1,0 +1,106 @@
+"""`--tp-size 2` on the CPU route serves the same greedy tokens as `--tp-size 1`, with and without EVS.
+
+Text, an image, and 6-group videos (moving, noise and static clips) at q = 0 and q = .75, each on
+servers without and with chunked prefill (64-token chunks cut the videos). Both TP ranks prune with one
+keep-mask (rank 0's, broadcast), seen in the trace.
+
+The static clip's EVS scores after its first group are all rounding noise (its frames are the same
+picture), so which 50 of its 500 tied tokens are kept depends on the last bits of the vision tower's
+output, and a TP=2 vision tower sums its partial products in another order than a TP=1 one: there the
+two servers may keep different tokens of the same count (measured: they do). Its ranks still agree.
+"""
+
+from collections import defaultdict
+
+import pytest
+
+from sglang_evs import trace
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, generate, media_kwargs
+from sglang_evs.testing.server import running_server
+
+pytestmark = pytest.mark.slow
+
+RATES = (0.0, 0.75)
+
+
+@pytest.fixture(scope="module")
+def scale_media(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp_media")
+    kinds = ("moving", "noise", "static")
+    clips = {kind: media.write_clip(out / f"{kind}.mp4", kind, num_frames=24, fps=4, seed=7) for kind in kinds}
+    return {"image": media.write_image(out / "image.png", seed=2), **clips}
+
+
+def requests_to_compare(scale_media) -> dict[str, dict]:
+    cases = {"text": {"prompt": chat_prompt(text="Count to ten.")}}
+    for q in RATES:
+        rate = {"mm_processor_kwargs": {"video_pruning_rate": q}}
+        cases[f"image q={q}"] = {"prompt": chat_prompt(IMAGE), **media_kwargs(images=[scale_media["image"]]), **rate}
+        for kind in ("moving", "noise", "static"):
+            cases[f"{kind} video q={q}"] = {
+                "prompt": chat_prompt(VIDEO),
+                **media_kwargs(videos=[scale_media[kind]]),
+                **rate,
+            }
+    return cases
+
+
+def serve_all(server, cases: dict[str, dict]) -> dict[str, tuple[list[int], int]]:
+    out = {}
+    for name, case in cases.items():
+        case = dict(case)
+        served = generate(server.base_url, case.pop("prompt"), max_new_tokens=12, **case)[0]
+        out[name] = (served.output_ids, served.prompt_tokens)
+    return out
+
+
+@pytest.fixture(scope="module", params=[None, 64], ids=["whole-prefill", "chunked-64"])
+def served(request, tiny_model_dir, tmp_path_factory, scale_media):
+    """Greedy tokens of every case from a TP=1 and a TP=2 server (one after the other), and the TP=2
+    server's log and trace."""
+    chunk = request.param
+    args = ["--dtype", "float32"] + (["--chunked-prefill-size", str(chunk)] if chunk else [])
+    cases = requests_to_compare(scale_media)
+    results, logs = {}, {}
+    folder = tmp_path_factory.mktemp(f"tp_{chunk}")
+    for tp in (1, 2):
+        trace_path = folder / f"trace-tp{tp}.jsonl"
+        env = {trace.ENV: str(trace_path)}
+        with running_server(tiny_model_dir, folder / f"tp{tp}.log", [*args, "--tp-size", str(tp)], env) as server:
+            results[tp] = serve_all(server, cases)
+            logs[tp] = server.log()
+    return {"results": results, "log": logs[2], "trace": folder / "trace-tp2.jsonl", "chunk": chunk}
+
+
+TIE_BOUND = "static video q=0.75"  # every score after group 0 within rounding noise (module docstring)
+
+
+def test_tp2_greedy_tokens_equal_tp1(served):
+    tp1, tp2 = served["results"][1], served["results"][2]
+    assert tp1.keys() == tp2.keys()
+    for name in tp1.keys() - {TIE_BOUND}:
+        assert tp2[name] == tp1[name], name
+    assert tp2[TIE_BOUND][1] == tp1[TIE_BOUND][1]  # the same kept count
+    assert tp1["moving video q=0.75"][1] == tp1["moving video q=0.0"][1] - (600 - 150)  # EVS pruned 450
+
+
+def test_both_tp_ranks_prune_with_the_same_mask(served):
+    by_item = defaultdict(dict)
+    for event in trace.read(served["trace"], "keep_mask"):
+        by_item[event["item"]][event["pid"]] = event["kept"]
+    assert by_item, "no keep-mask was traced"
+    for masks in by_item.values():
+        assert len(masks) == 2  # one per TP rank
+        first, second = masks.values()
+        assert first == second and len(first) == 150
+    assert len(by_item) == 3  # the three clips at q = .75
+
+
+def test_each_rank_got_its_own_core_and_gloo_reduces(served):
+    log = served["log"]
+    assert "numa_index=0, world_size=2, local_omp_cpuid=0" in log
+    assert "numa_index=1, world_size=2, local_omp_cpuid=1" in log
+    # SGLang's shared-memory all-reduce needs its Intel AMX / arm64 CPU kernels; without them the
+    # TP all-reduce and all-gather go through torch.distributed on the gloo group.
+    assert "shared memory based AllReduce is disabled" in log
