@@ -35,6 +35,8 @@ from pathlib import Path
 
 import requests
 
+from sglang_evs.testing.router import worker_args
+
 REPO = Path(__file__).resolve().parents[1]
 SERVER_RATE = 0.5
 # The router checks health every 60 s and drops a worker after 3 failures by default; the fault run
@@ -47,13 +49,7 @@ HEALTH_ARGS = [
     "--health-success-threshold",
     "1",
 ]
-WORKER_ARGS = [
-    "--dtype",
-    "float32",
-    "--enable-metrics",
-    "--json-model-override-args",
-    f'{{"video_pruning_rate": {SERVER_RATE}}}',
-]
+WORKER_ARGS = worker_args(SERVER_RATE)
 
 
 def outcome(result: object, hang_after_s: float) -> str:

@@ -6,8 +6,10 @@ is active in this process and in every server it launches.
 """
 
 import hashlib
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -20,6 +22,14 @@ def _source_hash(*paths: Path) -> str:
     for path in paths:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A script of benchmark/ (``name`` without .py) imported as a module, for its tests."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmark" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_cached_model(

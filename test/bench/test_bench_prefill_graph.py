@@ -1,6 +1,5 @@
 """The GPU prefill-graph benchmark, checked on CPU: its statistics, and a clear exit without a GPU."""
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -8,15 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "bench_prefill_graph.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_prefill_graph", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_prefill_graph")
 
 
 def test_interval_is_around_the_geometric_mean_and_narrows_with_pairs(bench):

@@ -1,20 +1,14 @@
 """The router benchmark's bookkeeping: how a request ended, error summaries, the router's added latency."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import requests
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "bench_router.py"
+from conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_router", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_router")
 
 
 def test_outcomes_tell_completed_errors_and_hangs_apart(bench):

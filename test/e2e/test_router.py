@@ -11,20 +11,14 @@ import pytest
 
 from sglang_evs.testing import media, workload
 from sglang_evs.testing.requests import VIDEO, chat_prompt, generate, media_kwargs, pruning_metrics
-from sglang_evs.testing.router import healthy_workers, running_router
+from sglang_evs.testing.router import healthy_workers, running_router, worker_args
 from sglang_evs.testing.server import running_server
 
 pytestmark = pytest.mark.slow
 
 REQUESTS = 64
 SERVER_RATE = 0.5
-WORKER_ARGS = [
-    "--dtype",
-    "float32",
-    "--enable-metrics",
-    "--json-model-override-args",
-    f'{{"video_pruning_rate": {SERVER_RATE}}}',
-]
+WORKER_ARGS = worker_args(SERVER_RATE)
 
 
 @pytest.fixture(scope="module")

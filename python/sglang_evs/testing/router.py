@@ -1,5 +1,6 @@
 """Start `python -m sglang_router.launch_router` (PyPI `sglang-router`) in front of running workers."""
 
+import json
 import subprocess
 import sys
 import time
@@ -10,6 +11,13 @@ from pathlib import Path
 import requests
 
 from sglang_evs.testing.server import RunningServer, free_port, stop
+
+
+def worker_args(pruning_rate: float) -> list[str]:
+    """Arguments of a router's worker: float32, Prometheus metrics, and a server-wide EVS rate (the
+    router drops per-request rates, see docs/scaling.md)."""
+    rate = json.dumps({"video_pruning_rate": pruning_rate})
+    return ["--dtype", "float32", "--enable-metrics", "--json-model-override-args", rate]
 
 
 def router_command(
