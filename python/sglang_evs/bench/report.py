@@ -127,8 +127,7 @@ def report(result: dict) -> str:
         ratio = result["latency_ratio"]
         tokens = {m: sum(t) / len(t) for m, t in result["tokens"].items()}
         lines.append(f"q={result['rate']}: prompt tokens {first} {tokens[first]:.0f}, {second} {tokens[second]:.0f}")
-        lines.append(f"one-token latency {first}/{second}: geometric mean {ratio['geometric_mean']:.3f} "
-                     f"(95 % interval {ratio['low']:.3f}-{ratio['high']:.3f}, {ratio['pairs']} pairs)")  # fmt: skip
+        lines.append(f"one-token latency {first}/{second}: " + interval_text(ratio))
     else:
         for what, key in (
             ("TTFT", "plugin_over_upstream_ttft"),
