@@ -74,6 +74,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("compute_mm_token_counts"), count_kept_video_tokens, around)
     register(sglang.hook_target("handle_batch_output"), _add_usage_to_meta_info, around)
     register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
+    register(sglang.hook_target("chat_to_generate_request"), carry_chat_pruning_setting, after)
     if trace.enabled():
         register(sglang.hook_target("prefill_graph_execute"), trace_prefill_graph_replay, after)
     # Our models' language models take no tensor argument but input_embeds (deepstack and
@@ -98,6 +99,19 @@ def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
             f"sglang-evs does not support {', '.join(given)}: its multimodal embedding routine replaces "
             "SGLang's for every model and has no adaptive-dispatch path; remove the flag or uninstall sglang-evs"
         )
+    return result
+
+
+def carry_chat_pruning_setting(result, *args, **kwargs):
+    """AFTER hook on the OpenAI chat handler's request conversion: a pruning setting in the chat
+    request's `chat_template_kwargs` (the field sglang-router forwards) reaches the processor through
+    the GenerateReqInput's `mm_processor_kwargs`. A ValueError here is SGLang's HTTP 400."""
+    from sglang_evs.pruning.settings import chat_processor_kwargs
+
+    generate_request, chat_request = result
+    generate_request.mm_processor_kwargs = chat_processor_kwargs(
+        chat_request.chat_template_kwargs, generate_request.mm_processor_kwargs
+    )
     return result
 
 

@@ -78,6 +78,10 @@ HOOK_TARGETS: dict[str, str] = {
     "handle_batch_output": "sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_batch_output",
     # validation of the server arguments, in the launching process before any subprocess starts
     "check_server_args": "sglang.srt.server_args:ServerArgs.check_server_args",
+    # an OpenAI chat request turned into a GenerateReqInput (the pruning setting in chat_template_kwargs)
+    "chat_to_generate_request": (
+        "sglang.srt.entrypoints.openai.serving_chat:OpenAIServingChat._convert_to_internal_request"
+    ),
     # traced only (SGLANG_EVS_TRACE): each prefill CUDA graph replay
     "prefill_graph_execute": (
         "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.execute"

@@ -58,7 +58,7 @@ def bad_media(tmp_path_factory) -> dict:
     return {p.stem: p for p in out.iterdir()} | {"good": good, "long": long}
 
 
-def chat(server, video, q=None) -> requests.Response:
+def chat(server, video, q=None, field="mm_processor_kwargs") -> requests.Response:
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": [
@@ -68,7 +68,7 @@ def chat(server, video, q=None) -> requests.Response:
         "temperature": 0,
     }  # fmt: skip
     if q is not None:
-        body["mm_processor_kwargs"] = {"video_pruning_rate": q}
+        body[field] = {"video_pruning_rate": q}
     return requests.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120)
 
 
@@ -101,4 +101,8 @@ def test_bad_requests_get_400_and_good_ones_keep_succeeding(tiny_model_dir, bad_
             assert message in response.json()["message"]
             good = chat(server, bad_media["good"])
             assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"] == reference
+        # the same setting in chat_template_kwargs (the field sglang-router forwards) is checked the same way
+        for video, q, message in (bad[0], bad[-1]):
+            response = chat(server, video, q, field="chat_template_kwargs")
+            assert response.status_code == 400 and message in response.json()["message"], response.text
         assert server.alive()

@@ -1,8 +1,8 @@
 """`sglang-router` (cache-aware) in front of two workers started with the plugin, EVS on.
 
-The workers prune every video at their default rate (q = .5). sglang-router 0.3.2 rebuilds each
-request from its own typed fields and drops `mm_processor_kwargs`: a per-request rate sent through it
-never reaches a worker (the last test pins that; README and docs/scaling.md say so).
+The workers' default rate is q = .5. sglang-router 0.3.2 rebuilds each request from its own typed
+fields: it drops `mm_processor_kwargs` (the last test pins that) and forwards a chat request's
+`chat_template_kwargs`, where the plugin also reads a per-request rate (README, docs/scaling.md).
 """
 
 from contextlib import ExitStack
@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 REQUESTS = 64
 SERVER_RATE = 0.5
+REQUEST_RATES = (0.25, 0.75)
 WORKER_ARGS = worker_args(SERVER_RATE)
 
 
@@ -28,14 +29,16 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def request_set(files):
-    return workload.mixed_requests(files, REQUESTS, video_rates=(None,))  # text, image, video at the workers' rate
+    return workload.mixed_requests(files, REQUESTS, video_rates=REQUEST_RATES)  # text, image, video at two rates
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir, tmp_path_factory, request_set):
-    """The request set from one worker on its own."""
+    """The request set, as chat requests, from one worker on its own, and its counters' increase."""
     with running_server(tiny_model_dir, tmp_path_factory.mktemp("single") / "server.log", WORKER_ARGS) as server:
-        return workload.send_concurrently(server.base_url, request_set)
+        before = summed_metrics([server])
+        answers = workload.send_concurrently(server.base_url, request_set, sender=workload.send_chat)
+        return answers, increase(before, summed_metrics([server]))
 
 
 @pytest.fixture(scope="module")
@@ -59,19 +62,27 @@ def summed_metrics(workers) -> dict[str, float]:
     return totals
 
 
-def test_64_mixed_requests_through_the_router_match_one_worker(cluster, reference, request_set):
+def increase(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0) for name in after}
+
+
+def test_64_mixed_chat_requests_at_two_rates_through_the_router_match_one_worker(cluster, reference, request_set):
     router, workers = cluster
     assert sorted(healthy_workers(router.base_url)) == sorted(w.base_url for w in workers)
+    answers, counted = reference
     before = summed_metrics(workers)
-    routed = workload.send_concurrently(router.base_url, request_set)
-    after = summed_metrics(workers)
+    routed = workload.send_concurrently(router.base_url, request_set, sender=workload.send_chat)
     assert not [r.name for r, out in zip(request_set, routed, strict=True) if isinstance(out, Exception)]
-    for request, one, through in zip(request_set, reference, routed, strict=True):
-        assert (through.output_ids, through.prompt_tokens) == (one.output_ids, one.prompt_tokens), request.name
-        assert through.meta.get("video_tokens_after_pruning") == one.meta.get("video_tokens_after_pruning")
-    totals = workload.pruning_totals(routed)
-    assert totals["pruned_videos"] == REQUESTS // 3
-    assert {name: after[name] - before.get(name, 0) for name in after} == totals
+    assert increase(before, summed_metrics(workers)) == counted
+    assert counted["pruned_videos"] == REQUESTS // 2
+    for request, one, through in zip(request_set, answers, routed, strict=True):
+        assert through == one, request.name  # the answer and the prompt length
+    # each request's own rate applied, not the workers' q = .5: q = .75 leaves the shorter prompt
+    prompt_tokens = {
+        (r.videos, r.rate): out.prompt_tokens for r, out in zip(request_set, routed, strict=True) if r.videos
+    }
+    for clip in {videos for videos, _ in prompt_tokens}:
+        assert prompt_tokens[clip, 0.75] < prompt_tokens[clip, 0.25]
 
 
 def test_the_same_video_twice_is_served_from_one_workers_radix_cache(cluster, tmp_path):
@@ -88,7 +99,7 @@ def test_the_same_video_twice_is_served_from_one_workers_radix_cache(cluster, tm
 
 def test_router_drops_a_per_request_rate_and_the_workers_default_applies(cluster, files):
     """sglang-router 0.3.2 behaviour; when a release forwards `mm_processor_kwargs`, this fails and the
-    docs' recipe can drop its caveat."""
+    docs can drop the `chat_template_kwargs` detour."""
     router, workers = cluster
     request = workload.mixed_requests(files, 4, video_rates=(None, 0.75))[3]
     assert request.extra["mm_processor_kwargs"] == {"video_pruning_rate": 0.75}

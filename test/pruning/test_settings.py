@@ -5,7 +5,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_evs.pruning.settings import NO_PRUNING, refuse_unsupported, request_pruning, server_pruning
+from sglang_evs.plugin import carry_chat_pruning_setting
+from sglang_evs.pruning.settings import (
+    NO_PRUNING,
+    chat_processor_kwargs,
+    refuse_unsupported,
+    request_pruning,
+    server_pruning,
+)
 
 
 def config(**settings) -> SimpleNamespace:
@@ -47,3 +54,35 @@ def test_the_request_setting_overrides_the_server_default():
     assert request_pruning(request(video_retention_ratio=0.5), server).method.name == "vidcom2"
     with pytest.raises(ValueError, match="video_pruning_rate"):
         request_pruning(request(video_pruning_rate=1.5), server)
+
+
+def test_a_chat_request_may_carry_its_setting_in_chat_template_kwargs():
+    """sglang-router forwards `chat_template_kwargs` and drops `mm_processor_kwargs`."""
+    assert chat_processor_kwargs({"video_pruning_rate": 0.75}, None) == {"video_pruning_rate": 0.75}
+    assert chat_processor_kwargs({"video_retention_ratio": 0.5, "enable_thinking": False}, {"fps": 2}) == {
+        "fps": 2,
+        "video_retention_ratio": 0.5,
+    }
+    assert chat_processor_kwargs({"enable_thinking": False}, {"fps": 2}) == {"fps": 2}
+    assert chat_processor_kwargs(None, None) is None
+
+
+def test_mm_processor_kwargs_win_over_chat_template_kwargs():
+    """`chat_template_kwargs` may hold a server-wide default (SGLang merges its default template kwargs in)."""
+    own = {"video_pruning_rate": 0.25}
+    assert chat_processor_kwargs({"video_pruning_rate": 0.75}, own) == own
+    assert chat_processor_kwargs({"video_retention_ratio": 0.5}, own) == own
+    with pytest.raises(ValueError, match="video_pruning_rate"):
+        chat_processor_kwargs({"video_pruning_rate": 0.75}, {"video_pruning_rate": 2})
+
+
+def test_the_chat_hook_hands_the_setting_to_the_generate_request():
+    chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75})
+    generate = SimpleNamespace(mm_processor_kwargs=None)
+    result = (generate, chat)
+    assert carry_chat_pruning_setting(result, "serving", chat, None) is result
+    assert request_pruning(generate, server_pruning(config())).rate == 0.75
+    with pytest.raises(ValueError, match="video_pruning_rate must be a number in"):
+        bad = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 1.5})
+        fresh = SimpleNamespace(mm_processor_kwargs=None)
+        request_pruning(carry_chat_pruning_setting((fresh, bad), "serving", bad)[0], server_pruning(config()))

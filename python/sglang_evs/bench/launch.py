@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from sglang_evs.bench.measure import pruning_setting
+from sglang_evs.testing.requests import pruning_setting
 from sglang_evs.testing.server import RunningServer, running_server
 
 

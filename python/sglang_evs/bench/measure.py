@@ -14,7 +14,7 @@ from typing import NamedTuple
 import requests
 
 from sglang_evs.bench.ratios import summarize_bench
-from sglang_evs.evs import METHODS
+from sglang_evs.testing.requests import per_request_rate
 
 DEFAULT_RATES = (0.0, 0.25, 0.5, 0.75, 0.9)
 TEXT_TOKEN_RANGE = (10, 300)  # ordinary (non-special) token ids in the tiny tokenizer and in Qwen's
@@ -51,18 +51,6 @@ def run_bench_serving(
     if record["completed"] < num_prompts:
         raise RuntimeError(f"bench_serving: {record['completed']}/{num_prompts} completed: {record['errors']}")
     return record
-
-
-def pruning_setting(rate: float, method: str = "evs") -> dict:
-    """The setting that prunes at ``rate`` with ``method``: ``{"video_pruning_rate": q}`` (EVS) or
-    ``{"video_retention_ratio": 1 - q}`` (VidCom2)."""
-    chosen = METHODS[method]
-    return {chosen.setting: chosen.setting_value(rate)}
-
-
-def per_request_rate(rate: float, method: str = "evs") -> dict:
-    """Request-body fields that prune one request at ``rate`` with ``method`` (overriding the server's)."""
-    return {"mm_processor_kwargs": pruning_setting(rate, method)}
 
 
 def video_bench(

@@ -11,7 +11,6 @@ from sglang_evs.bench.launch import rate_args, serving
 from sglang_evs.bench.measure import (
     DEFAULT_RATES,
     image_bench,
-    per_request_rate,
     plugin_loaded,
     prefill_ms,
     stage_times,
@@ -22,6 +21,7 @@ from sglang_evs.bench.measure import (
     warm_up,
 )
 from sglang_evs.bench.ratios import add_ratios, geometric_interval, paired_ideal, paired_ratio, reference_tokens
+from sglang_evs.testing.requests import per_request_rate
 
 
 def sweep(

@@ -5,6 +5,9 @@ Two settings, vLLM's names, at most one of them at a time:
   - `video_retention_ratio` r in (0, 1]: VidCom2 at q = 1 - r.
 The server default comes from the model config (`--json-model-override-args`); a request's
 `mm_processor_kwargs` may name either setting, whatever method the server default uses.
+A chat request may also name it in `chat_template_kwargs`, the field sglang-router forwards
+(0.3.2 rebuilds requests and drops `mm_processor_kwargs`); `chat_processor_kwargs` moves it over
+when `mm_processor_kwargs` names none.
 """
 
 from dataclasses import dataclass
@@ -44,6 +47,15 @@ def server_pruning(hf_config) -> Pruning:
 def request_pruning(request_obj, default: Pruning) -> Pruning:
     """The request's own setting if it gives one (ValueError naming it if invalid), else `default`."""
     return _selected(getattr(request_obj, "mm_processor_kwargs", None) or {}) or default
+
+
+def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs: dict | None) -> dict | None:
+    """A chat request's `mm_processor_kwargs`, given the pruning setting its `chat_template_kwargs` name
+    when it names none itself (its own wins: `chat_template_kwargs` may hold a server-wide default)."""
+    carried = {m.setting: v for m in METHODS.values() if (v := (chat_template_kwargs or {}).get(m.setting)) is not None}
+    if not carried or method_from_settings(mm_processor_kwargs or {}) is not None:
+        return mm_processor_kwargs
+    return {**(mm_processor_kwargs or {}), **carried}
 
 
 def refuse_unsupported(pruning: Pruning, speculative: bool) -> None:

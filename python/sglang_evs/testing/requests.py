@@ -1,10 +1,13 @@
-"""Prompts and /generate calls shared by the end-to-end tests, the demo and the benchmarks."""
+"""Prompts, per-request pruning settings and /generate calls shared by the end-to-end tests, the demo
+and the benchmarks."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+
+from sglang_evs.evs import METHODS
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -13,6 +16,19 @@ VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 def chat_prompt(*media: str, text: str = "Describe this.") -> str:
     """The tiny model's chat template, written out: media placeholders, then the text."""
     return f"<|im_start|>user\n{''.join(media)}{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def pruning_setting(rate: float, method: str = "evs") -> dict:
+    """The setting that prunes at ``rate`` with ``method``: ``{"video_pruning_rate": q}`` (EVS) or
+    ``{"video_retention_ratio": 1 - q}`` (VidCom2)."""
+    chosen = METHODS[method]
+    return {chosen.setting: chosen.setting_value(rate)}
+
+
+def per_request_rate(rate: float, method: str = "evs", field: str = "mm_processor_kwargs") -> dict:
+    """Request-body fields that prune one request at ``rate`` with ``method`` (overriding the server's).
+    ``field="chat_template_kwargs"`` (chat requests only) is the one sglang-router forwards."""
+    return {field: pruning_setting(rate, method)}
 
 
 @dataclass(frozen=True)

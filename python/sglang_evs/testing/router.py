@@ -23,9 +23,10 @@ def worker_args(pruning_rate: float) -> list[str]:
 def router_command(
     worker_urls: Sequence[str], port: int, policy: str = "cache_aware", extra: Sequence[str] = ()
 ) -> list[str]:
+    # its Prometheus exporter takes port 29000 by default: a second router on the machine would not start
     return [
         sys.executable, "-m", "sglang_router.launch_router",
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
         "--worker-urls", *worker_urls,
         "--policy", policy, *extra,
     ]  # fmt: skip

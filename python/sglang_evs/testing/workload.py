@@ -3,11 +3,21 @@ the router fault run and the router benchmark share it."""
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+import requests
+
 from sglang_evs.testing import media
-from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs
+from sglang_evs.testing.requests import (
+    IMAGE,
+    VIDEO,
+    Generation,
+    chat_prompt,
+    generate,
+    media_kwargs,
+    per_request_rate,
+)
 
 VIDEO_RATES = (0.25, 0.75)
 
@@ -16,8 +26,37 @@ VIDEO_RATES = (0.25, 0.75)
 class MixedRequest:
     name: str  # unique in a set: kind and index
     kind: str  # one of kinds(video_rates)
-    prompt: str
-    extra: dict = field(default_factory=dict)  # media and mm_processor_kwargs for /generate
+    text: str  # the user's words
+    images: tuple[Path, ...] = ()
+    videos: tuple[Path, ...] = ()
+    rate: float | None = None  # the request's own EVS rate; None: the server's default
+
+    @property
+    def prompt(self) -> str:
+        """The templated prompt of /generate."""
+        return chat_prompt(*[IMAGE] * len(self.images), *[VIDEO] * len(self.videos), text=self.text)
+
+    @property
+    def extra(self) -> dict:
+        """The /generate fields besides the prompt: media, and the rate in `mm_processor_kwargs`."""
+        rate = {} if self.rate is None else per_request_rate(self.rate)
+        return {**media_kwargs(images=self.images, videos=self.videos), **rate}
+
+    def chat_body(self, max_new_tokens: int) -> dict:
+        """The same request for /v1/chat/completions, greedy; the rate in `chat_template_kwargs`, the
+        field sglang-router forwards."""
+        parts = [{"type": "image_url", "image_url": {"url": f"file://{p}"}} for p in self.images]
+        parts += [{"type": "video_url", "video_url": {"url": f"file://{p}"}} for p in self.videos]
+        content = [*parts, {"type": "text", "text": self.text}]
+        rate = {} if self.rate is None else per_request_rate(self.rate, field="chat_template_kwargs")
+        return {"model": "default", "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_new_tokens, "temperature": 0, **rate}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChatAnswer:
+    content: str
+    prompt_tokens: int
 
 
 def write_media(out: Path, clips: int = 4, images: int = 2) -> dict[str, list[Path]]:
@@ -41,29 +80,35 @@ def kinds(video_rates: Sequence[float | None]) -> tuple[str, ...]:
 def mixed_requests(
     files: dict[str, list[Path]], count: int, video_rates: Sequence[float | None] = VIDEO_RATES
 ) -> list[MixedRequest]:
-    """`count` requests cycling text, image, and a video per rate in `video_rates` (set per request in
-    `mm_processor_kwargs`; None sets none) over the media given."""
+    """`count` requests cycling text, image, and a video per rate in `video_rates` (the request's own
+    rate; None: the server's) over the media given."""
     names = kinds(video_rates)
     out = []
     for i in range(count):
         kind = names[i % len(names)]
         turn = i // len(names)
+        name = f"{kind} #{i}"
         if kind == "text":
-            out.append(MixedRequest(f"{kind} #{i}", kind, chat_prompt(text=f"Say something about {turn}.")))
+            out.append(MixedRequest(name, kind, f"Say something about {turn}."))
         elif kind == "image":
             image = files["images"][turn % len(files["images"])]
-            out.append(MixedRequest(f"{kind} #{i}", kind, chat_prompt(IMAGE), media_kwargs(images=[image])))
+            out.append(MixedRequest(name, kind, "Describe this.", images=(image,)))
         else:
-            q = video_rates[names.index(kind) - 2]
             clip = files["videos"][turn % len(files["videos"])]
-            rate = {} if q is None else {"mm_processor_kwargs": {"video_pruning_rate": q}}
-            extra = {**media_kwargs(videos=[clip]), **rate}
-            out.append(MixedRequest(f"{kind} #{i}", kind, chat_prompt(VIDEO), extra))
+            rate = video_rates[names.index(kind) - 2]
+            out.append(MixedRequest(name, kind, "Describe this.", videos=(clip,), rate=rate))
     return out
 
 
 def send(base_url: str, request: MixedRequest, max_new_tokens: int = 8) -> Generation:
     return generate(base_url, request.prompt, max_new_tokens=max_new_tokens, top_k=1, **request.extra)[0]
+
+
+def send_chat(base_url: str, request: MixedRequest, max_new_tokens: int = 8) -> ChatAnswer:
+    response = requests.post(f"{base_url}/v1/chat/completions", json=request.chat_body(max_new_tokens), timeout=300)
+    response.raise_for_status()
+    out = response.json()
+    return ChatAnswer(out["choices"][0]["message"]["content"], out["usage"]["prompt_tokens"])
 
 
 def send_concurrently(
