@@ -1,6 +1,7 @@
 """`python -m sglang_evs.launch_server` folds its pruning flags into SGLang's model overrides."""
 
 import json
+import os
 
 import pytest
 
@@ -41,3 +42,29 @@ def test_without_the_flags_nothing_changes():
 def test_invalid_settings_are_refused_naming_them(argv, message):
     with pytest.raises(ValueError, match=message):
         fold_pruning_flags(argv)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "binding"),
+    [
+        (["--device", "cpu", "--tp-size", "2"], {}, "0|1"),
+        (["--dp-size", "2"], {"SGLANG_USE_CPU_ENGINE": "1"}, "0|1"),
+        (["--device=cpu", "--tp-size", "2"], {"SGLANG_CPU_OMP_THREADS_BIND": "1|0"}, "1|0"),  # the user's wins
+        (["--device", "cpu"], {}, None),  # one rank: SGLang's own default
+        (["--tp-size", "2"], {}, None),  # a GPU launch
+    ],
+)
+def test_a_multi_rank_cpu_launch_gives_each_rank_its_cores(monkeypatch, argv, env, binding):
+    from sglang_evs import launch_server
+    from sglang_evs.runtime import rank_binding
+
+    launched = {}
+    monkeypatch.setattr(rank_binding.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(launch_server.sys, "argv", ["launch_server", "--model-path", "m", *argv])
+    monkeypatch.setattr(launch_server.runpy, "run_module", lambda *a, **k: launched.update(os.environ))
+    for key in ("SGLANG_USE_CPU_ENGINE", "SGLANG_CPU_OMP_THREADS_BIND"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    launch_server.main()
+    assert launched.get("SGLANG_CPU_OMP_THREADS_BIND") == binding

@@ -5,15 +5,20 @@
 
 The flags (vLLM's names; at most one) are folded into SGLang's `--json-model-override-args`
 (merged with one given there), the standard way SGLang sets a model-config value in every
-process; everything else goes to SGLang unchanged.
+process; everything else goes to SGLang unchanged. On the CPU route (`--device cpu` or
+`SGLANG_USE_CPU_ENGINE=1`) with several ranks it also gives each rank its cores
+(`runtime.rank_binding`) unless `SGLANG_CPU_OMP_THREADS_BIND` is set.
 """
 
 import argparse
 import json
+import os
 import runpy
 import sys
+from collections.abc import Mapping
 
 from sglang_evs.evs import METHODS, method_from_settings
+from sglang_evs.runtime.rank_binding import cpu_rank_environment
 
 
 def fold_pruning_flags(argv: list[str]) -> list[str]:
@@ -35,11 +40,19 @@ def fold_pruning_flags(argv: list[str]) -> list[str]:
     return [*rest, "--json-model-override-args", json.dumps(overrides)] if overrides else rest
 
 
+def on_cpu_route(argv: list[str], env: Mapping[str, str]) -> bool:
+    devices = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--device"]
+    devices += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--device=")]
+    return env.get("SGLANG_USE_CPU_ENGINE") == "1" or "cpu" in devices
+
+
 def main() -> None:
     try:
         sys.argv = [sys.argv[0], *fold_pruning_flags(sys.argv[1:])]
     except ValueError as exc:
         sys.exit(f"sglang_evs.launch_server: {exc}")
+    if on_cpu_route(sys.argv[1:], os.environ):
+        os.environ.update(cpu_rank_environment(sys.argv[1:], os.environ))
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
 
 

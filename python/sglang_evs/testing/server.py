@@ -1,7 +1,6 @@
 """Start `python -m sglang.launch_server` as a subprocess on CPU and wait until it serves."""
 
 import json
-import logging
 import os
 import signal
 import socket
@@ -14,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+
+from sglang_evs.runtime.rank_binding import cpu_rank_environment
 
 CPU_SERVER_ARGS = (
     "--device", "cpu",
@@ -35,19 +36,6 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
 CPU_ROUTE_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
 CPU_ENV = {**CPU_ROUTE_ENV, **OFFLINE_ENV}
 
-# SGLang's CPU route gives every scheduler rank (tp * dp * pp of them) its own cores from this
-# variable: "0-3|4-7" binds rank 0 to cores 0-3 and rank 1 to 4-7. Unset, it allows one rank per
-# NUMA node and stops at startup (utils/numa_utils.py) when more are asked for.
-THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
-RANK_FLAGS = {
-    "--tp-size": "tp", "--tensor-parallel-size": "tp", "--tp": "tp",
-    "--dp-size": "dp", "--data-parallel-size": "dp", "--dp": "dp",
-    "--pp-size": "pp", "--pipeline-parallel-size": "pp", "--pp": "pp",
-}  # fmt: skip
-
-logger = logging.getLogger(__name__)
-_binding_logged: set[str] = set()
-
 
 def server_environment(cpu: bool, extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict:
     """The server's environment. A test process runs with the CPU route set (scripts/cpu_env.sh), so
@@ -58,47 +46,6 @@ def server_environment(cpu: bool, extra: dict[str, str] | None = None, base: dic
         for key in CPU_ROUTE_ENV:
             env.pop(key, None)
     return {**env, **(CPU_ENV if cpu else OFFLINE_ENV), **(extra or {})}
-
-
-def ranks_asked(server_args: Sequence[str]) -> int:
-    """Scheduler ranks the server arguments ask for: tp * dp * pp (1 when none is given)."""
-    sizes = {"tp": 1, "dp": 1, "pp": 1}
-    args = list(server_args)
-    for i, arg in enumerate(args):
-        flag, _, inline = arg.partition("=")
-        if flag in RANK_FLAGS:
-            value = inline or (args[i + 1] if i + 1 < len(args) else "1")
-            sizes[RANK_FLAGS[flag]] = int(value)
-    return sizes["tp"] * sizes["dp"] * sizes["pp"]
-
-
-def thread_binding(ranks: int, cores: Sequence[int]) -> str:
-    """A `SGLANG_CPU_OMP_THREADS_BIND` value: the cores split into `ranks` contiguous groups.
-
-    With fewer cores than ranks, ranks share cores round-robin ("0|1|0|1" for 4 ranks on 2 cores).
-    """
-    cores = sorted(cores)
-    if len(cores) < ranks:
-        return "|".join(str(cores[rank % len(cores)]) for rank in range(ranks))
-    size, extra = divmod(len(cores), ranks)
-    groups, start = [], 0
-    for rank in range(ranks):
-        end = start + size + (rank < extra)
-        groups.append(",".join(map(str, cores[start:end])))
-        start = end
-    return "|".join(groups)
-
-
-def cpu_rank_environment(server_args: Sequence[str], env: dict[str, str]) -> dict[str, str]:
-    """`SGLANG_CPU_OMP_THREADS_BIND` for a multi-rank CPU server whose caller did not set it; logged once."""
-    ranks = ranks_asked(server_args)
-    if ranks <= 1 or env.get(THREADS_BIND_ENV):
-        return {}
-    binding = thread_binding(ranks, sorted(os.sched_getaffinity(0)))
-    if binding not in _binding_logged:
-        _binding_logged.add(binding)
-        logger.warning("%d CPU ranks: %s=%s (set it to choose the cores yourself)", ranks, THREADS_BIND_ENV, binding)
-    return {THREADS_BIND_ENV: binding}
 
 
 def is_hybrid(model_path: str | Path) -> bool:

@@ -1,0 +1,68 @@
+"""Core groups for the scheduler ranks of a multi-rank server on SGLang's CPU route.
+
+SGLang's CPU route binds every scheduler rank (tp * dp * pp of them) to the cores that
+`SGLANG_CPU_OMP_THREADS_BIND` gives it ("0-3|4-7": rank 0 on cores 0-3, rank 1 on 4-7). Unset, it
+allows one rank per NUMA node and stops at startup (utils/numa_utils.py) when more are asked for, so
+the CPU launchers (`python -m sglang_evs.launch_server`, the test and benchmark harness) set one
+contiguous core group per rank when the caller did not, and say so.
+"""
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+RANK_FLAGS = {
+    "--tp-size": "tp", "--tensor-parallel-size": "tp", "--tp": "tp",
+    "--dp-size": "dp", "--data-parallel-size": "dp", "--dp": "dp",
+    "--pp-size": "pp", "--pipeline-parallel-size": "pp", "--pp": "pp",
+}  # fmt: skip
+
+
+logger = logging.getLogger(__name__)
+_binding_logged: set[str] = set()
+
+
+def ranks_asked(server_args: Sequence[str]) -> int:
+    """Scheduler ranks the server arguments ask for: tp * dp * pp (1 when none is given)."""
+    sizes = {"tp": 1, "dp": 1, "pp": 1}
+    args = list(server_args)
+    for i, arg in enumerate(args):
+        flag, _, inline = arg.partition("=")
+        if flag in RANK_FLAGS:
+            value = inline or (args[i + 1] if i + 1 < len(args) else "1")
+            sizes[RANK_FLAGS[flag]] = int(value)
+    return sizes["tp"] * sizes["dp"] * sizes["pp"]
+
+
+def thread_binding(ranks: int, cores: Sequence[int]) -> str:
+    """A `SGLANG_CPU_OMP_THREADS_BIND` value: the cores split into `ranks` contiguous groups.
+
+    With fewer cores than ranks, ranks share cores round-robin ("0|1|0|1" for 4 ranks on 2 cores).
+    """
+    cores = sorted(cores)
+    if len(cores) < ranks:
+        return "|".join(str(cores[rank % len(cores)]) for rank in range(ranks))
+    size, extra = divmod(len(cores), ranks)
+    groups, start = [], 0
+    for rank in range(ranks):
+        end = start + size + (rank < extra)
+        groups.append(",".join(map(str, cores[start:end])))
+        start = end
+    return "|".join(groups)
+
+
+def cpu_rank_environment(server_args: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+    """`SGLANG_CPU_OMP_THREADS_BIND` for a multi-rank CPU server whose caller did not set it; logged once."""
+    ranks = ranks_asked(server_args)
+    if ranks <= 1 or env.get(THREADS_BIND_ENV):
+        return {}
+    binding = thread_binding(ranks, sorted(os.sched_getaffinity(0)))
+    if binding not in _binding_logged:
+        _binding_logged.add(binding)
+        # with a binding SGLang cannot size each rank's KV cache from the machine's memory
+        sizing = "" if any(a.startswith("--max-total-tokens") for a in server_args) else "; give --max-total-tokens"
+        logger.warning(
+            "%d CPU ranks: %s=%s (set it to choose the cores yourself)%s", ranks, THREADS_BIND_ENV, binding, sizing
+        )
+    return {THREADS_BIND_ENV: binding}
