@@ -4,9 +4,9 @@ own latency, and a worker killed with requests in flight.
     python benchmark/bench_router.py throughput [--requests 64] [--rounds 3] [--pairs 30] [--output R.json]
     python benchmark/bench_router.py faults [--requests 32] [--output R.json]
 
-Workers are the bundled tiny Qwen3-VL (float32) pruning every video at q = .5 (their default rate:
-sglang-router 0.3.2 drops per-request `mm_processor_kwargs`), started by the CPU harness, so several
-ranks on one machine share its cores.
+Workers are the bundled tiny Qwen3-VL (float32) pruning every video at q = .5 (their default rate; the
+requests are `/generate`, whose `mm_processor_kwargs` sglang-router 0.3.2 drops), started by the CPU
+harness, so several ranks on one machine share its cores.
 
 throughput: the same mixed request set (text, image, video; `sglang_evs.testing.workload`), all at
 once, to one worker and to the router in front of two, alternating, with the workers' caches flushed
@@ -14,12 +14,15 @@ before each round; req/s = requests / wall time. Then `--pairs` sequential short
 sent straight to a worker and through the router in alternating order; the router's added latency is
 the median of the per-pair differences.
 
-faults: `--requests` requests with long outputs are sent through the router at once; when the router
-has at least half of them in flight, the busier worker's whole process group gets SIGKILL. Every
+faults: `--requests` requests with long outputs are sent through the router at once; when the workers
+run or queue at least half of them (their own `/metrics` gauges), the busier worker's whole process
+group gets SIGKILL. Every
 accepted request must end, completed or with an HTTP error, within a per-request timeout (else it is
 counted as hung). Then: the time until the router stops listing the killed worker, new requests through
 the router, the killed worker restarted on its port, the time until the router lists it healthy again,
-and prompts new to both caches afterwards (cache-aware routing sends those to the emptier worker).
+rounds of 8 prompts new to both caches until the restarted worker has served one (the router's circuit
+breaker, opened by the killed worker's failed requests, keeps traffic from it until its timeout), and
+then `--burst` prompts at once and how the two workers shared them.
 """
 
 import argparse
@@ -88,23 +91,27 @@ def model_dir() -> Path:
     return build_cached_model("tiny")
 
 
-def router_loads(router_url: str, worker_urls: list[str]) -> list[int]:
-    """Requests the router has in flight to each worker (its `GET /workers` load counters)."""
-    body = requests.get(f"{router_url}/workers", timeout=10).json()
-    load = {worker["url"]: int(worker.get("load", 0)) for worker in body["workers"]}
-    return [load.get(url, 0) for url in worker_urls]
+def metric_total(metrics_text: str, name: str) -> float:
+    """The sum of one Prometheus metric's samples over its label sets (0 where absent)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith(name + "{"))
+
+
+def worker_loads(worker_urls: list[str]) -> list[float]:
+    """Requests each worker is running or queueing (its own `/metrics` gauges: any router policy)."""
+    loads = []
+    for url in worker_urls:
+        text = requests.get(f"{url}/metrics", timeout=10).text
+        loads.append(metric_total(text, "sglang:num_running_reqs") + metric_total(text, "sglang:num_queue_reqs"))
+    return loads
 
 
 def served_requests(base_url: str) -> float:
-    for line in requests.get(f"{base_url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("sglang:num_requests_total{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric_total(requests.get(f"{base_url}/metrics", timeout=10).text, "sglang:num_requests_total")
 
 
-def send_text(base_url: str, text: str) -> object:
+def send_text(base_url: str, text: str, max_new_tokens: int = 4) -> object:
     """A raw-text request (no chat template): its prefix is new to every worker's cache."""
-    body = {"text": text, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
     try:
         reply = requests.post(f"{base_url}/generate", json=body, timeout=120)
         reply.raise_for_status()
@@ -186,10 +193,12 @@ def faults(args, folder: Path) -> dict:
     files = workload.write_media(folder / "media")
     request_set = workload.mixed_requests(files, args.requests, video_rates=(None,))
     model = model_dir()
+    breaker = [] if args.cb_timeout_s is None else ["--cb-timeout-duration-secs", str(args.cb_timeout_s)]
+    router_args = [*HEALTH_ARGS, *breaker]
     with ExitStack() as stack:
         workers = [stack.enter_context(running_server(model, folder / f"worker{i}.log", WORKER_ARGS)) for i in range(2)]
         router = stack.enter_context(
-            running_router([w.base_url for w in workers], folder / "router.log", extra=HEALTH_ARGS)
+            running_router([w.base_url for w in workers], folder / "router.log", args.policy, router_args)
         )
 
         def send(request):
@@ -204,7 +213,7 @@ def faults(args, folder: Path) -> dict:
             urls = [w.base_url for w in workers]
             loads = [0, 0]
             while time.monotonic() < deadline and sum(loads) < len(request_set) // 2:
-                loads = router_loads(router.base_url, urls)
+                loads = worker_loads(urls)
                 time.sleep(0.05)
             victim = max(range(2), key=lambda i: loads[i])
             os.killpg(workers[victim].process.pid, signal.SIGKILL)
@@ -233,18 +242,34 @@ def faults(args, folder: Path) -> dict:
         while len(healthy_workers(router.base_url)) < 2 and time.monotonic() - healthy_at < 120:
             time.sleep(0.2)
         rejoined_at = time.monotonic()
-        served_before = [served_requests(w.base_url) for w in workers]
-        # cache-aware routing sends a prompt no worker has cached to the worker with the smallest cache
-        after_rejoin = [send_text(router.base_url, f"{i} {'novel ' * (i + 20)}") for i in range(8)]
-        served_after = [served_requests(w.base_url) for w in workers]
+        # The router's circuit breaker for the killed worker opened on its failed requests; until it lets
+        # traffic through again (--cb-timeout-duration-secs, 60 s by default) the relisted worker gets none.
+        # Rounds of 8 prompts new to both caches, every 2 s, until the restarted worker has served one.
+        probes, rounds = [], 0
+        while time.monotonic() - rejoined_at < args.rejoin_limit_s:
+            served_before = served_requests(workers[victim].base_url)
+            texts = [f"{rounds} {i} {'novel ' * (i + 20)}" for i in range(8)]
+            with ThreadPoolExecutor(max_workers=len(texts)) as pool:
+                probes += pool.map(lambda text: send_text(router.base_url, text), texts)
+            rounds += 1
+            if served_requests(workers[victim].base_url) > served_before:
+                break
+            time.sleep(2)
+        first_served_at = time.monotonic()
+        served_before_burst = [served_requests(w.base_url) for w in workers]
+        burst = [f"{i} {'burst ' * (i % 7 + 20)}" for i in range(args.burst)]
+        with ThreadPoolExecutor(max_workers=len(burst)) as pool:
+            burst_results = list(pool.map(lambda text: send_text(router.base_url, text, args.max_new_tokens), burst))
+        served_after_burst = [served_requests(w.base_url) for w in workers]
     return {
         "requests": len(request_set),
         "max_new_tokens": args.max_new_tokens,
-        "router_in_flight_per_worker_at_kill": loads,
+        "policy": args.policy,
+        "running_or_queued_per_worker_at_kill": loads,
         "killed_worker": victim,
         "unfinished_at_kill": len(in_flight),
         "last_answer_after_kill_s": last_answer_after_kill_s,
-        "router_health_args": HEALTH_ARGS,
+        "router_args": router_args,
         "router_unlists_killed_worker_after_s": unlisted_after_kill_s,
         "router_lists_healthy_after_kill": len(listed_after_kill),
         "accepted": count_outcomes(results, args.hang_after_s),
@@ -254,8 +279,13 @@ def faults(args, folder: Path) -> dict:
         "new_request_errors": error_kinds(after_kill),
         "restart_to_worker_healthy_s": healthy_at - restart_at,
         "worker_healthy_to_router_lists_it_s": rejoined_at - healthy_at,
-        "requests_after_rejoin": count_outcomes(after_rejoin, args.hang_after_s),
-        "served_after_rejoin_per_worker": [a - b for a, b in zip(served_after, served_before, strict=True)],
+        "probe_rounds_after_rejoin": rounds,
+        "probe_requests_after_rejoin": count_outcomes(probes, args.hang_after_s),
+        "restarted_worker_served": first_served_at - rejoined_at < args.rejoin_limit_s,
+        "router_lists_it_to_restarted_worker_serves_s": first_served_at - rejoined_at,
+        "kill_to_restarted_worker_serves_s": first_served_at - killed_at,
+        "burst_after_it_serves": count_outcomes(burst_results, args.hang_after_s),
+        "burst_served_per_worker": [a - b for a, b in zip(served_after_burst, served_before_burst, strict=True)],
     }
 
 
@@ -267,6 +297,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=30)
     parser.add_argument("--hang-after-s", type=float, default=180.0)
+    parser.add_argument("--burst", type=int, default=32, help="faults: concurrent requests once it serves again")
+    parser.add_argument("--rejoin-limit-s", type=float, default=180.0, help="faults: how long to wait for that")
+    parser.add_argument("--policy", default="cache_aware", help="faults: the router's --policy")
+    parser.add_argument("--cb-timeout-s", type=int, help="faults: the router's --cb-timeout-duration-secs (60)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench_router")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)

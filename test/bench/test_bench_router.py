@@ -32,10 +32,16 @@ def test_router_added_latency_is_the_median_pair_difference(bench):
     assert bench.median_difference_ms(direct, routed) == pytest.approx(2.0)
 
 
-def test_router_loads_are_read_per_worker_url(bench, monkeypatch):
-    class Reply:
-        def json(self):
-            return {"workers": [{"url": "http://b", "load": 3}, {"url": "http://a", "load": 1}]}
+def test_worker_loads_sum_running_and_queued_requests_over_label_sets(bench, monkeypatch):
+    pages = {
+        "http://a/metrics": 'sglang:num_running_reqs{dp="0"} 3.0\nsglang:num_running_reqs{dp="1"} 2.0\n'
+        'sglang:num_queue_reqs{dp="0"} 4.0\nsglang:num_running_reqs_total{x="y"} 99.0\n',
+        "http://b/metrics": "# nothing yet\n",
+    }
 
-    monkeypatch.setattr(bench.requests, "get", lambda url, timeout: Reply())
-    assert bench.router_loads("http://router", ["http://a", "http://b", "http://c"]) == [1, 3, 0]
+    class Reply:
+        def __init__(self, url):
+            self.text = pages[url]
+
+    monkeypatch.setattr(bench.requests, "get", lambda url, timeout: Reply(url))
+    assert bench.worker_loads(["http://a", "http://b"]) == [9.0, 0.0]

@@ -14,8 +14,8 @@ from sglang_evs.testing.server import RunningServer, free_port, stop
 
 
 def worker_args(pruning_rate: float) -> list[str]:
-    """Arguments of a router's worker: float32, Prometheus metrics, and a server-wide EVS rate (the
-    router drops per-request rates, see docs/scaling.md)."""
+    """Arguments of a router's worker: float32, Prometheus metrics, and a server-wide EVS rate (what a
+    `/generate` request through the router gets: the router drops its `mm_processor_kwargs`)."""
     rate = json.dumps({"video_pruning_rate": pruning_rate})
     return ["--dtype", "float32", "--enable-metrics", "--json-model-override-args", rate]
 
