@@ -12,4 +12,4 @@ if [ "${1:-}" = "--quick" ]; then
   shift
   set -- -m "not slow" "$@"
 fi
-.venv/bin/python -m pytest test "$@"
+.venv/bin/python -m pytest test --durations=15 "$@"  # the slowest tests, for whoever trims CI time
