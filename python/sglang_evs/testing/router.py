@@ -1,16 +1,14 @@
 """Start `python -m sglang_router.launch_router` (PyPI `sglang-router`) in front of running workers."""
 
 import json
-import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import requests
 
-from sglang_evs.testing.server import RunningServer, free_port, stop
+from sglang_evs.testing.server import RunningServer, free_port, spawn, stop, wait_ready
 
 
 def worker_args(pruning_rate: float) -> list[str]:
@@ -38,34 +36,20 @@ def healthy_workers(base_url: str) -> list[str]:
     return [worker["url"] for worker in body["workers"] if worker.get("is_healthy")]
 
 
-def wait_router(base_url: str, process: subprocess.Popen, log_path: Path, workers: int, timeout: float = 120) -> None:
-    """Until the router lists `workers` healthy workers (it registers them in the background)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"router exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            if len(healthy_workers(base_url)) == workers:
-                return
-        except (requests.RequestException, ValueError, KeyError):
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"router not ready after {timeout}s:\n{log_path.read_text()[-4000:]}")
-
-
 @contextmanager
 def running_router(
     worker_urls: Sequence[str], log_path: str | Path, policy: str = "cache_aware", extra: Sequence[str] = ()
 ) -> Iterator[RunningServer]:
     """Launch the router, wait until it lists every worker healthy, yield it, always stop it."""
     port = free_port()
-    log = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
-    process = subprocess.Popen(
-        router_command(worker_urls, port, policy, extra), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    process = spawn(router_command(worker_urls, port, policy, extra), log_path)
     base_url = f"http://127.0.0.1:{port}"
+
+    def every_worker_listed() -> bool:  # the router registers them in the background
+        return len(healthy_workers(base_url)) == len(worker_urls)
+
     try:
-        wait_router(base_url, process, Path(log_path), len(worker_urls))
+        wait_ready(every_worker_listed, process, log_path, "router", timeout=120, interval=0.5)
         yield RunningServer(base_url, process, Path(log_path))
     finally:
         stop(process)

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,30 +112,41 @@ def start_server(
     environment = server_environment(cpu, env)
     if cpu:
         environment.update(cpu_rank_environment(extra_args, environment))
-    log = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
-    process = subprocess.Popen(
-        cmd,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=environment,
-        start_new_session=True,
-    )
+    process = spawn(cmd, log_path, environment)
     process.port = port  # type: ignore[attr-defined]
     return process
 
 
-def wait_healthy(base_url: str, process: subprocess.Popen, log_path: Path, timeout: float = 240) -> None:
+def spawn(cmd: Sequence[str], log_path: str | Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A child in a process group of its own (`stop` ends the whole group), its output in `log_path`."""
+    log = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_ready(
+    is_ready: Callable[[], bool], process: subprocess.Popen, log_path: str | Path, what: str, timeout: float,
+    interval: float = 1.0,
+) -> None:  # fmt: skip
+    """Poll `is_ready` (a request error counts as not yet) until it holds; a RuntimeError with the log's
+    tail if `process` exits first, a TimeoutError after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{Path(log_path).read_text()[-4000:]}")
+            raise RuntimeError(f"{what} exited with {process.returncode}:\n{Path(log_path).read_text()[-4000:]}")
         try:
-            if requests.get(f"{base_url}/health_generate", timeout=10).status_code == 200:
+            if is_ready():
                 return
-        except requests.RequestException:
+        except (requests.RequestException, ValueError, KeyError):
             pass
-        time.sleep(1)
-    raise TimeoutError(f"server not healthy after {timeout}s:\n{Path(log_path).read_text()[-4000:]}")
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not ready after {timeout}s:\n{Path(log_path).read_text()[-4000:]}")
+
+
+def wait_healthy(base_url: str, process: subprocess.Popen, log_path: Path, timeout: float = 240) -> None:
+    def healthy() -> bool:
+        return requests.get(f"{base_url}/health_generate", timeout=10).status_code == 200
+
+    wait_ready(healthy, process, log_path, "server", timeout)
 
 
 @contextmanager
