@@ -245,21 +245,19 @@ def faults(args, folder: Path) -> dict:
         # The router's circuit breaker for the killed worker opened on its failed requests; until it lets
         # traffic through again (--cb-timeout-duration-secs, 60 s by default) the relisted worker gets none.
         # Rounds of 8 prompts new to both caches, every 2 s, until the restarted worker has served one.
-        probes, rounds = [], 0
-        while time.monotonic() - rejoined_at < args.rejoin_limit_s:
+        probes, rounds, restarted_served = [], 0, False
+        while not restarted_served and time.monotonic() - rejoined_at < args.rejoin_limit_s:
             served_before = served_requests(workers[victim].base_url)
             texts = [f"{rounds} {i} {'novel ' * (i + 20)}" for i in range(8)]
-            with ThreadPoolExecutor(max_workers=len(texts)) as pool:
-                probes += pool.map(lambda text: send_text(router.base_url, text), texts)
+            probes += workload.send_concurrently(router.base_url, texts, 4, sender=send_text)
             rounds += 1
-            if served_requests(workers[victim].base_url) > served_before:
-                break
-            time.sleep(2)
+            restarted_served = served_requests(workers[victim].base_url) > served_before
+            if not restarted_served:
+                time.sleep(2)
         first_served_at = time.monotonic()
         served_before_burst = [served_requests(w.base_url) for w in workers]
         burst = [f"{i} {'burst ' * (i % 7 + 20)}" for i in range(args.burst)]
-        with ThreadPoolExecutor(max_workers=len(burst)) as pool:
-            burst_results = list(pool.map(lambda text: send_text(router.base_url, text, args.max_new_tokens), burst))
+        burst_results = workload.send_concurrently(router.base_url, burst, args.max_new_tokens, sender=send_text)
         served_after_burst = [served_requests(w.base_url) for w in workers]
     return {
         "requests": len(request_set),
@@ -281,7 +279,7 @@ def faults(args, folder: Path) -> dict:
         "worker_healthy_to_router_lists_it_s": rejoined_at - healthy_at,
         "probe_rounds_after_rejoin": rounds,
         "probe_requests_after_rejoin": count_outcomes(probes, args.hang_after_s),
-        "restarted_worker_served": first_served_at - rejoined_at < args.rejoin_limit_s,
+        "restarted_worker_served": restarted_served,
         "router_lists_it_to_restarted_worker_serves_s": first_served_at - rejoined_at,
         "kill_to_restarted_worker_serves_s": first_served_at - killed_at,
         "burst_after_it_serves": count_outcomes(burst_results, args.hang_after_s),

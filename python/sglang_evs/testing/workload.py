@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import requests
 
@@ -20,6 +21,7 @@ from sglang_evs.testing.requests import (
 )
 
 VIDEO_RATES = (0.25, 0.75)
+T = TypeVar("T")  # what a sender takes: a MixedRequest, or whatever a caller's own sender sends
 
 
 @dataclass(frozen=True)
@@ -113,20 +115,21 @@ def send_chat(base_url: str, request: MixedRequest, max_new_tokens: int = 8) -> 
 
 def send_concurrently(
     base_url: str,
-    requests: Sequence[MixedRequest],
+    batch: Sequence[T],
     max_new_tokens: int = 8,
-    sender: Callable[[str, MixedRequest, int], object] = send,
+    sender: Callable[[str, T, int], object] = send,
 ) -> list:
-    """Every request at once (one thread each); the results in request order (an exception where one failed)."""
+    """Every request of `batch` at once (one thread each) through `sender`; the results in order (an
+    exception where one failed)."""
 
-    def one(request: MixedRequest):
+    def one(request: T):
         try:
             return sender(base_url, request, max_new_tokens)
         except Exception as exc:  # noqa: BLE001 - reported per request
             return exc
 
-    with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
-        return list(pool.map(one, requests))
+    with ThreadPoolExecutor(max_workers=max(1, len(batch))) as pool:
+        return list(pool.map(one, batch))
 
 
 def pruning_totals(generations: Sequence[Generation]) -> dict[str, int]:
