@@ -5,7 +5,7 @@ import pytest
 
 from sglang_evs import __version__
 from sglang_evs.testing import workload
-from sglang_evs.testing.requests import pruning_metrics
+from sglang_evs.testing.requests import counter_increase, pruning_metrics
 from sglang_evs.testing.server import running_server
 
 pytestmark = pytest.mark.slow
@@ -25,8 +25,7 @@ def serve(model_dir, log_path, args, request_set) -> dict:
         results = workload.send_concurrently(server.base_url, request_set)
         after = pruning_metrics(server.base_url)
         log = server.log()
-    delta = {name: after.get((name, "evs"), 0) - before.get((name, "evs"), 0) for name, _ in after}
-    return {"results": results, "metrics": delta, "log": log}
+    return {"results": results, "metrics": counter_increase(before, after), "log": log}
 
 
 @pytest.fixture(scope="module")

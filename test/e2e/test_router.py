@@ -10,7 +10,7 @@ from contextlib import ExitStack
 import pytest
 
 from sglang_evs.testing import media, workload
-from sglang_evs.testing.requests import VIDEO, chat_prompt, generate, media_kwargs, pruning_metrics
+from sglang_evs.testing.requests import VIDEO, chat_prompt, counter_increase, generate, media_kwargs, pruning_metrics
 from sglang_evs.testing.router import healthy_workers, running_router, worker_args
 from sglang_evs.testing.server import running_server
 
@@ -36,9 +36,9 @@ def request_set(files):
 def reference(tiny_model_dir, tmp_path_factory, request_set):
     """The request set, as chat requests, from one worker on its own, and its counters' increase."""
     with running_server(tiny_model_dir, tmp_path_factory.mktemp("single") / "server.log", WORKER_ARGS) as server:
-        before = summed_metrics([server])
+        before = pruning_metrics(server.base_url)
         answers = workload.send_concurrently(server.base_url, request_set, sender=workload.send_chat)
-        return answers, increase(before, summed_metrics([server]))
+        return answers, counter_increase(before, pruning_metrics(server.base_url))
 
 
 @pytest.fixture(scope="module")
@@ -53,27 +53,15 @@ def cluster(tiny_model_dir, tmp_path_factory):
         yield router, workers
 
 
-def summed_metrics(workers) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for worker in workers:
-        for (name, method), value in pruning_metrics(worker.base_url).items():
-            if method == "evs":
-                totals[name] = totals.get(name, 0) + value
-    return totals
-
-
-def increase(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {name: after[name] - before.get(name, 0) for name in after}
-
-
 def test_64_mixed_chat_requests_at_two_rates_through_the_router_match_one_worker(cluster, reference, request_set):
     router, workers = cluster
-    assert sorted(healthy_workers(router.base_url)) == sorted(w.base_url for w in workers)
+    urls = [worker.base_url for worker in workers]
+    assert sorted(healthy_workers(router.base_url)) == sorted(urls)
     answers, counted = reference
-    before = summed_metrics(workers)
+    before = pruning_metrics(*urls)
     routed = workload.send_concurrently(router.base_url, request_set, sender=workload.send_chat)
     assert not [r.name for r, out in zip(request_set, routed, strict=True) if isinstance(out, Exception)]
-    assert increase(before, summed_metrics(workers)) == counted
+    assert counter_increase(before, pruning_metrics(*urls)) == counted
     assert counted["pruned_videos"] == REQUESTS // 2
     for request, one, through in zip(request_set, answers, routed, strict=True):
         assert through == one, request.name  # the answer and the prompt length

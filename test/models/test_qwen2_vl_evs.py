@@ -16,7 +16,16 @@ import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import media
-from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs, pruning_metrics
+from sglang_evs.testing.requests import (
+    IMAGE,
+    VIDEO,
+    chat_prompt,
+    counter_increase,
+    flush_cache,
+    generate,
+    media_kwargs,
+    pruning_metrics,
+)
 from sglang_evs.testing.server import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -279,5 +288,6 @@ def test_bad_rates_get_400_and_prometheus_counts_what_was_pruned(served, clips):
     before = pruning_metrics(server.base_url)
     pruned = video(server, clips["noise"], 0.5)
     after = pruning_metrics(server.base_url)
+    delta = counter_increase(before, after)
     for name in ("video_tokens_before_pruning", "video_tokens_after_pruning"):
-        assert after[name, "evs"] - before.get((name, "evs"), 0.0) == pruned.meta[name]
+        assert delta[name] == pruned.meta[name]

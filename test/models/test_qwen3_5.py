@@ -30,6 +30,7 @@ from sglang_evs.testing.requests import (
     VIDEO,
     Generation,
     chat_prompt,
+    counter_increase,
     generate,
     media_kwargs,
     pruning_metrics,
@@ -176,7 +177,7 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         before = pruning_metrics(url)
         served.metered = video(url, media.write_clip(out / "metered.mp4", "moving", num_frames=16, fps=4, seed=7), 0.5)
         after = pruning_metrics(url)
-        served.metrics_delta = {k: after[k, "evs"] - before.get((k, "evs"), 0.0) for k in (*COUNTS, "pruned_videos")}
+        served.metrics_delta = counter_increase(before, after)
 
     args = ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK)]
     args += ["--json-model-override-args", '{"video_pruning_rate": 0.5}']

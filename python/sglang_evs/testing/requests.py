@@ -82,13 +82,22 @@ def flush_cache(base_url: str) -> None:
     requests.post(f"{base_url}/flush_cache", timeout=60).raise_for_status()
 
 
-def pruning_metrics(base_url: str) -> dict[tuple[str, str], float]:
-    """The plugin's Prometheus counters: (name without `sglang_evs_` and `_total`, method) -> value."""
-    counters = {}
-    for line in requests.get(f"{base_url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("sglang_evs_") and "_total{" in line:
-            name, rest = line[len("sglang_evs_") :].split("_total{", 1)
-            labels, value = rest.rsplit("} ", 1)
-            method = dict(pair.split("=", 1) for pair in labels.split(","))["method"].strip('"')
-            counters[name, method] = float(value)
+def pruning_metrics(*base_urls: str) -> dict[tuple[str, str], float]:
+    """The plugin's Prometheus counters, summed over the servers given: (name without `sglang_evs_` and
+    `_total`, method) -> value."""
+    counters: dict[tuple[str, str], float] = {}
+    for base_url in base_urls:
+        for line in requests.get(f"{base_url}/metrics", timeout=30).text.splitlines():
+            if line.startswith("sglang_evs_") and "_total{" in line:
+                name, rest = line[len("sglang_evs_") :].split("_total{", 1)
+                labels, value = rest.rsplit("} ", 1)
+                method = dict(pair.split("=", 1) for pair in labels.split(","))["method"].strip('"')
+                counters[name, method] = counters.get((name, method), 0.0) + float(value)
     return counters
+
+
+def counter_increase(
+    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float], method: str = "evs"
+) -> dict[str, float]:
+    """How much each of one method's counters grew between two `pruning_metrics` readings: name -> increase."""
+    return {name: value - before.get((name, m), 0.0) for (name, m), value in after.items() if m == method}
