@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -62,10 +63,27 @@ def cpu_server_args(model_path: str | Path) -> tuple[str, ...]:
     return CPU_SERVER_ARGS + (HYBRID_CPU_SERVER_ARGS if is_hybrid(model_path) else ())
 
 
+# A server binds its HTTP port only after loading the model, seconds after the port was chosen. A port
+# from the kernel's ephemeral range (32768+, what bind(0) returns) can be taken meanwhile by any outgoing
+# connection, e.g. the gloo links between TP ranks; SGLang picks its own internal ports (NCCL/dist-init)
+# at random in 22000-29999. Ports handed out here come from below both, and none twice per process.
+PORT_WINDOW = range(12000, 22000)
+_ports_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that is free now and outside the ranges other processes pick from at random."""
+    for port in random.sample(PORT_WINDOW, 256):
+        if port in _ports_given:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        _ports_given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {PORT_WINDOW.start}-{PORT_WINDOW.stop - 1}")
 
 
 @dataclass
