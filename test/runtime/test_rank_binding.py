@@ -39,3 +39,9 @@ def test_binding_only_for_several_ranks_and_never_over_the_callers(monkeypatch):
     assert rank_binding.cpu_rank_environment(["--tp-size", "1"], {}) == {}
     assert rank_binding.cpu_rank_environment(["--tp-size", "2"], {}) == {rank_binding.THREADS_BIND_ENV: "0|1"}
     assert rank_binding.cpu_rank_environment(["--dp-size", "2"], {rank_binding.THREADS_BIND_ENV: "1|0"}) == {}
+
+
+def test_core_groups_split_contiguously_and_share_round_robin():
+    assert rank_binding.core_groups(2, [3, 0, 1, 2]) == [[0, 1], [2, 3]]
+    assert rank_binding.core_groups(2, [0, 1, 2]) == [[0, 1], [2]]
+    assert rank_binding.core_groups(4, [0, 1]) == [[0], [1], [0], [1]]

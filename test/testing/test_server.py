@@ -1,4 +1,8 @@
-"""The CPU server harness: a multi-rank server gets its core groups, servers get ports nobody races for."""
+"""The CPU server harness: a multi-rank server gets its core groups, a server may get cores of its own,
+servers get ports nobody races for."""
+
+import os
+import sys
 
 from sglang_evs.runtime import rank_binding
 from sglang_evs.testing import server
@@ -18,6 +22,24 @@ def test_start_server_hands_the_binding_to_the_server(monkeypatch, tmp_path):
     assert seen["env"][rank_binding.THREADS_BIND_ENV] == "0|1"
     server.start_server(tmp_path, tmp_path / "log", ["--tp-size", "2"], port=1, cpu=False)
     assert rank_binding.THREADS_BIND_ENV not in seen["env"]
+
+
+def test_a_server_given_cores_runs_only_on_them_with_as_many_torch_threads(monkeypatch, tmp_path):
+    first_core = min(os.sched_getaffinity(0))
+    report_cores = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    child = server.spawn(report_cores, tmp_path / "child.log", cores=[first_core])
+    assert child.wait(timeout=60) == 0
+    assert (tmp_path / "child.log").read_text().strip() == f"[{first_core}]"
+
+    seen = {}
+
+    def spawn(cmd, log_path, env=None, cores=None):
+        seen.update(env=env, cores=cores)
+        return child
+
+    monkeypatch.setattr(server, "spawn", spawn)
+    server.start_server(tmp_path, tmp_path / "log", port=1, cores=[0, 1])
+    assert (seen["env"]["OMP_NUM_THREADS"], seen["cores"]) == ("2", [0, 1])
 
 
 def test_free_ports_are_distinct_and_out_of_the_ranges_others_pick_at_random():

@@ -35,21 +35,25 @@ def ranks_asked(server_args: Sequence[str]) -> int:
     return sizes["tp"] * sizes["dp"] * sizes["pp"]
 
 
-def thread_binding(ranks: int, cores: Sequence[int]) -> str:
-    """A `SGLANG_CPU_OMP_THREADS_BIND` value: the cores split into `ranks` contiguous groups.
-
-    With fewer cores than ranks, ranks share cores round-robin ("0|1|0|1" for 4 ranks on 2 cores).
-    """
+def core_groups(ranks: int, cores: Sequence[int]) -> list[list[int]]:
+    """The cores split into `ranks` contiguous groups, the first ones a core larger where they do not
+    divide evenly. With fewer cores than ranks, ranks share cores round-robin ([[0], [1], [0], [1]] for
+    4 ranks on 2 cores)."""
     cores = sorted(cores)
     if len(cores) < ranks:
-        return "|".join(str(cores[rank % len(cores)]) for rank in range(ranks))
+        return [[cores[rank % len(cores)]] for rank in range(ranks)]
     size, extra = divmod(len(cores), ranks)
     groups, start = [], 0
     for rank in range(ranks):
         end = start + size + (rank < extra)
-        groups.append(",".join(map(str, cores[start:end])))
+        groups.append(cores[start:end])
         start = end
-    return "|".join(groups)
+    return groups
+
+
+def thread_binding(ranks: int, cores: Sequence[int]) -> str:
+    """A `SGLANG_CPU_OMP_THREADS_BIND` value: `core_groups` written "0-3|4-7"-style ("0,1,2,3|4,5,6,7")."""
+    return "|".join(",".join(map(str, group)) for group in core_groups(ranks, cores))
 
 
 def cpu_rank_environment(server_args: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:

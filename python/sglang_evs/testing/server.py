@@ -1,5 +1,6 @@
 """Start `python -m sglang.launch_server` as a subprocess on CPU and wait until it serves."""
 
+import functools
 import json
 import os
 import random
@@ -118,8 +119,11 @@ def start_server(
     env: dict[str, str] | None = None,
     port: int | None = None,
     cpu: bool = True,
+    cores: Sequence[int] | None = None,
 ) -> subprocess.Popen:
-    """`cpu=False` adds none of the CPU arguments and environment (a GPU run names its own)."""
+    """`cpu=False` adds none of the CPU arguments and environment (a GPU run names its own). `cores`:
+    the only CPU cores the server's processes may run on, and as many torch threads (a worker with
+    cores of its own, as a GPU worker has its own GPU); None: every core this process may use."""
     port = port or free_port()
     cmd = [
         sys.executable, "-m", "sglang.launch_server",
@@ -130,15 +134,21 @@ def start_server(
     environment = server_environment(cpu, env)
     if cpu:
         environment.update(cpu_rank_environment(extra_args, environment))
-    process = spawn(cmd, log_path, environment)
+    if cores is not None:
+        environment["OMP_NUM_THREADS"] = str(len(cores))
+    process = spawn(cmd, log_path, environment, cores)
     process.port = port  # type: ignore[attr-defined]
     return process
 
 
-def spawn(cmd: Sequence[str], log_path: str | Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """A child in a process group of its own (`stop` ends the whole group), its output in `log_path`."""
+def spawn(
+    cmd: Sequence[str], log_path: str | Path, env: dict[str, str] | None = None, cores: Sequence[int] | None = None
+) -> subprocess.Popen:
+    """A child in a process group of its own (`stop` ends the whole group), its output in `log_path`;
+    it and its children run only on `cores` when given (the affinity is inherited)."""
     log = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    pin = None if cores is None else functools.partial(os.sched_setaffinity, 0, list(cores))
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=pin)
 
 
 def wait_ready(
@@ -175,9 +185,11 @@ def running_server(
     env: dict[str, str] | None = None,
     timeout: float = 240,
     cpu: bool = True,
+    cores: Sequence[int] | None = None,
 ) -> Iterator[RunningServer]:
-    """Launch, wait for /health_generate, yield, and always stop the whole process group."""
-    process = start_server(model_path, log_path, extra_args, env, cpu=cpu)
+    """Launch (arguments as `start_server`), wait for /health_generate, yield, and always stop the
+    whole process group."""
+    process = start_server(model_path, log_path, extra_args, env, cpu=cpu, cores=cores)
     base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
     try:
         wait_healthy(base_url, process, Path(log_path), timeout)
