@@ -1,18 +1,27 @@
 """sglang-router (cache-aware) in front of two EVS workers on the CPU route: throughput, the router's
 own latency, and a worker killed with requests in flight.
 
-    python benchmark/bench_router.py throughput [--requests 64] [--rounds 3] [--pairs 30] [--output R.json]
+    python benchmark/bench_router.py throughput [--cores own|shared] [--requests 64] [--rounds 8] [--pairs 100]
+        [--output R.json]
     python benchmark/bench_router.py faults [--requests 32] [--output R.json]
 
-Workers are the bundled tiny Qwen3-VL (float32) pruning every video at q = .5 (their default rate; the
-requests are `/generate`, whose `mm_processor_kwargs` sglang-router 0.3.2 drops), started by the CPU
-harness, so several ranks on one machine share its cores.
+Workers are the bundled tiny Qwen3-VL (float32) with a default EVS rate of q = .5, started by the CPU
+harness.
 
-throughput: the same mixed request set (text, image, video; `sglang_evs.testing.workload`), all at
-once, to one worker and to the router in front of two, alternating, with the workers' caches flushed
-before each round; req/s = requests / wall time. Then `--pairs` sequential short text requests, each
-sent straight to a worker and through the router in alternating order; the router's added latency is
-the median of the per-pair differences.
+throughput compares like with like, as a GPU cluster does (one worker per GPU): with `--cores own` (the
+default) each worker runs on a core group of its own (half the machine's cores, torch threads to
+match), and the one-worker baseline is worker 0 on its own group, so 2.0 is the ideal ratio. With
+`--cores shared` every worker may use every core: two workers then contend for the cores one worker
+already keeps busy, and the ratio is bounded by them.
+
+throughput: the request set of the router test (`sglang_evs.testing.workload`: text, image, and videos
+at q = .25 and q = .75, as chat requests whose rate sits in `chat_template_kwargs`, the field
+sglang-router 0.3.2 forwards), all at once, to one worker and to the router in front of two,
+alternating which goes first, with the workers' radix caches flushed before each; req/s = requests /
+wall time, and the per-round ratio router / one worker with a 95 % interval over rounds. Then
+`--pairs` sequential short text requests, each sent straight to a worker and through the router in
+alternating order; the router's added latency is the median of the per-pair differences, with a
+distribution-free 95 % interval.
 
 faults: `--requests` requests with long outputs are sent through the router at once; when the workers
 run or queue at least half of them (their own `/metrics` gauges), the busier worker's whole process
@@ -28,6 +37,7 @@ then `--burst` prompts at once and how the two workers shared them.
 import argparse
 import json
 import os
+import shlex
 import signal
 import statistics
 import sys
@@ -38,6 +48,8 @@ from pathlib import Path
 
 import requests
 
+from sglang_evs.bench.ratios import geometric_interval, median_interval
+from sglang_evs.runtime.rank_binding import core_groups
 from sglang_evs.testing.router import worker_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,9 +91,24 @@ def error_kinds(results: list) -> dict[str, int]:
     return kinds
 
 
-def median_difference_ms(direct: list[float], routed: list[float]) -> float:
-    """Median over pairs of (routed - direct), in ms: the router's added latency per request."""
-    return statistics.median(r - d for d, r in zip(direct, routed, strict=True)) * 1000
+def added_latency_ms(direct: list[float], routed: list[float]) -> dict:
+    """Per pair (routed - direct) in ms: their median, the router's added latency per request, with a
+    distribution-free 95 % interval (none below 8 pairs)."""
+    return median_interval([(r - d) * 1000 for d, r in zip(direct, routed, strict=True)])
+
+
+def round_ratio(one_worker: list[float], through_router: list[float]) -> dict:
+    """req/s of each alternated round -> per-round router / one-worker ratios, their geometric mean and
+    95 % interval."""
+    per_round = [r / o for o, r in zip(one_worker, through_router, strict=True)]
+    return {"per_round": per_round, **geometric_interval(per_round)}
+
+
+def worker_cores(layout: str, workers: int) -> list[list[int] | None]:
+    """Each worker's cores: its own group of this process's cores ("own"), or all of them ("shared")."""
+    if layout == "shared":
+        return [None] * workers
+    return core_groups(workers, sorted(os.sched_getaffinity(0)))
 
 
 def model_dir() -> Path:
@@ -124,7 +151,7 @@ def timed_round(base_url: str, request_set: list, max_new_tokens: int) -> tuple[
     from sglang_evs.testing import workload
 
     start = time.perf_counter()
-    results = workload.send_concurrently(base_url, request_set, max_new_tokens)
+    results = workload.send_concurrently(base_url, request_set, max_new_tokens, sender=workload.send_chat)
     return time.perf_counter() - start, results
 
 
@@ -143,13 +170,17 @@ def throughput(args, folder: Path) -> dict:
     from sglang_evs.testing.router import running_router
     from sglang_evs.testing.server import running_server
 
-    request_set = workload.mixed_requests(workload.write_media(folder / "media"), args.requests, video_rates=(None,))
+    request_set = workload.mixed_requests(workload.write_media(folder / "media"), args.requests)
     rounds: dict[str, list[float]] = {"one_worker": [], "router_two_workers": []}
+    split: list[list[float]] = []  # requests each worker served, per router round
+    cores = worker_cores(args.cores, 2)
     with ExitStack() as stack:
         workers = [
-            stack.enter_context(running_server(model_dir(), folder / f"worker{i}.log", WORKER_ARGS)) for i in range(2)
+            stack.enter_context(running_server(model_dir(), folder / f"worker{i}.log", WORKER_ARGS, cores=cores[i]))
+            for i in range(2)
         ]
-        router = stack.enter_context(running_router([w.base_url for w in workers], folder / "router.log"))
+        urls = [w.base_url for w in workers]
+        router = stack.enter_context(running_router(urls, folder / "router.log", args.policy, args.router_args))
         timed_round(router.base_url, request_set[:8], args.max_new_tokens)  # warm both paths once
         timed_round(workers[0].base_url, request_set[:8], args.max_new_tokens)
         for round_index in range(args.rounds):
@@ -158,11 +189,14 @@ def throughput(args, folder: Path) -> dict:
                 for worker in workers:
                     flush_cache(worker.base_url)
                 url = workers[0].base_url if target == "one_worker" else router.base_url
+                served_before = [served_requests(w.base_url) for w in workers]
                 wall, results = timed_round(url, request_set, args.max_new_tokens)
                 failed = [r for r in results if isinstance(r, Exception)]
                 if failed:
                     raise RuntimeError(f"{len(failed)} requests failed: {failed[0]}")
                 rounds[target].append(len(request_set) / wall)
+                if target == "router_two_workers":
+                    split.append([served_requests(w.base_url) - b for w, b in zip(workers, served_before, strict=True)])
         direct, routed = [], []
         for pair in range(args.pairs):
             first, second = (direct, routed) if pair % 2 == 0 else (routed, direct)
@@ -170,14 +204,19 @@ def throughput(args, folder: Path) -> dict:
                 series.append(one_text_latency(workers[0].base_url if series is direct else router.base_url))
     one, two = statistics.median(rounds["one_worker"]), statistics.median(rounds["router_two_workers"])
     return {
+        "cores": args.cores,
+        "worker_cores": cores,
         "requests": args.requests,
+        "request_kinds": sorted({r.kind for r in request_set}),
         "max_new_tokens": args.max_new_tokens,
         "req_per_s": rounds,
         "median_req_per_s": {"one_worker": one, "router_two_workers": two},
-        "router_two_over_one": two / one,
+        "router_two_over_one": round_ratio(rounds["one_worker"], rounds["router_two_workers"]),
+        "policy": args.policy,
+        "router_args": args.router_args,
+        "router_round_requests_per_worker": split,
         "router_added_latency_ms": {
-            "pairs": args.pairs,
-            "median": median_difference_ms(direct, routed),
+            **added_latency_ms(direct, routed),
             "direct_median_ms": statistics.median(direct) * 1000,
             "routed_median_ms": statistics.median(routed) * 1000,
         },
@@ -194,7 +233,7 @@ def faults(args, folder: Path) -> dict:
     request_set = workload.mixed_requests(files, args.requests, video_rates=(None,))
     model = model_dir()
     breaker = [] if args.cb_timeout_s is None else ["--cb-timeout-duration-secs", str(args.cb_timeout_s)]
-    router_args = [*HEALTH_ARGS, *breaker]
+    router_args = [*HEALTH_ARGS, *breaker, *args.router_args]
     with ExitStack() as stack:
         workers = [stack.enter_context(running_server(model, folder / f"worker{i}.log", WORKER_ARGS)) for i in range(2)]
         router = stack.enter_context(
@@ -292,12 +331,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("mode", choices=("throughput", "faults"))
     parser.add_argument("--requests", type=int, default=None, help="64 (throughput) or 32 (faults)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="16 (throughput) or 128 (faults)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--cores", choices=("own", "shared"), default="own", help="throughput: worker core layout")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--pairs", type=int, default=100)
     parser.add_argument("--hang-after-s", type=float, default=180.0)
     parser.add_argument("--burst", type=int, default=32, help="faults: concurrent requests once it serves again")
     parser.add_argument("--rejoin-limit-s", type=float, default=180.0, help="faults: how long to wait for that")
-    parser.add_argument("--policy", default="cache_aware", help="faults: the router's --policy")
+    parser.add_argument("--policy", default="cache_aware", help="the router's --policy")
+    parser.add_argument("--router-args", type=shlex.split, default=[], help="more router flags, in one string")
     parser.add_argument("--cb-timeout-s", type=int, help="faults: the router's --cb-timeout-duration-secs (60)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench_router")
     parser.add_argument("--output", type=Path)

@@ -26,10 +26,26 @@ def test_error_kinds_count_first_lines(bench):
     assert bench.error_kinds(results) == {"/generate answered 503: a": 2}
 
 
-def test_router_added_latency_is_the_median_pair_difference(bench):
+def test_router_added_latency_is_the_median_pair_difference_with_an_interval(bench):
     direct = [0.010, 0.020, 0.030]
     routed = [0.011, 0.025, 0.032]
-    assert bench.median_difference_ms(direct, routed) == pytest.approx(2.0)
+    few = bench.added_latency_ms(direct, routed)
+    assert few["median"] == pytest.approx(2.0)
+    assert few["low"] is None  # no interval from 3 pairs
+    # 20 pairs: differences 0..19 ms in scrambled order; the sign-test interval spans ranks 5..15
+    direct = [1.0] * 20
+    routed = [1.0 + ((7 * i) % 20) / 1000 for i in range(20)]
+    many = bench.added_latency_ms(direct, routed)
+    assert many["median"] == pytest.approx(9.5)
+    assert (many["low"], many["high"]) == (pytest.approx(4.0), pytest.approx(14.0))
+    assert many["pairs"] == 20
+
+
+def test_throughput_ratio_is_per_alternated_round(bench):
+    ratio = bench.round_ratio([10.0, 20.0, 10.0], [5.0, 10.0, 20.0])
+    assert ratio["per_round"] == [0.5, 0.5, 2.0]
+    assert ratio["geometric_mean"] == pytest.approx(0.5 ** (1 / 3))  # (0.5 * 0.5 * 2) ** (1/3)
+    assert ratio["low"] < ratio["geometric_mean"] < ratio["high"]
 
 
 def test_worker_loads_sum_running_and_queued_requests_over_label_sets(bench, monkeypatch):

@@ -99,11 +99,12 @@ def geometric_interval(ratios: list[float]) -> dict:
             "pairs": len(logs)}  # fmt: skip
 
 
-def median_interval(ratios: list[float]) -> dict:
-    """Per-pair ratios -> their median and a distribution-free 95 % interval for it: the order statistics
-    at ranks n/2 -+ 1.96 sqrt(n)/2 (the sign test, normal approximation). A pair another process
-    disturbed moves it by one rank, however far off that pair is. No interval below 8 pairs."""
-    ordered = sorted(ratios)
+def median_interval(values: list[float]) -> dict:
+    """Per-pair values (ratios, or differences) -> their median and a distribution-free 95 % interval for
+    it: the order statistics at ranks n/2 -+ 1.96 sqrt(n)/2 (the sign test, normal approximation). A
+    pair another process disturbed moves it by one rank, however far off that pair is. No interval below
+    8 pairs."""
+    ordered = sorted(values)
     count = len(ordered)
     half = 1.96 * math.sqrt(count) / 2
     low_rank, high_rank = math.floor(count / 2 - half), math.ceil(count / 2 + half)  # 1-based
