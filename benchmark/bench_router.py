@@ -50,6 +50,7 @@ import requests
 
 from sglang_evs.bench.ratios import geometric_interval, median_interval
 from sglang_evs.runtime.rank_binding import core_groups
+from sglang_evs.testing.requests import metric_total, served_requests
 from sglang_evs.testing.router import worker_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,11 +119,6 @@ def model_dir() -> Path:
     return build_cached_model("tiny")
 
 
-def metric_total(metrics_text: str, name: str) -> float:
-    """The sum of one Prometheus metric's samples over its label sets (0 where absent)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith(name + "{"))
-
-
 def worker_loads(worker_urls: list[str]) -> list[float]:
     """Requests each worker is running or queueing (its own `/metrics` gauges: any router policy)."""
     loads = []
@@ -130,10 +126,6 @@ def worker_loads(worker_urls: list[str]) -> list[float]:
         text = requests.get(f"{url}/metrics", timeout=10).text
         loads.append(metric_total(text, "sglang:num_running_reqs") + metric_total(text, "sglang:num_queue_reqs"))
     return loads
-
-
-def served_requests(base_url: str) -> float:
-    return metric_total(requests.get(f"{base_url}/metrics", timeout=10).text, "sglang:num_requests_total")
 
 
 def send_text(base_url: str, text: str, max_new_tokens: int = 4) -> object:

@@ -1,8 +1,10 @@
 """`sglang-router` (cache-aware) in front of two workers started with the plugin, EVS on.
 
-The workers' default rate is q = .5. sglang-router 0.3.2 rebuilds each request from its own typed
-fields: it drops `mm_processor_kwargs` (the last test pins that) and forwards a chat request's
-`chat_template_kwargs`, where the plugin also reads a per-request rate (README, docs/scaling.md).
+The workers' default rate is q = .5; the router runs as the README's recipe starts it (cache-aware, with
+the balance thresholds that spread a burst of media requests). sglang-router 0.3.2 rebuilds each
+request from its own typed fields: it drops `mm_processor_kwargs` (the last test pins that) and
+forwards a chat request's `chat_template_kwargs`, where the plugin also reads a per-request rate
+(README, docs/scaling.md).
 """
 
 from contextlib import ExitStack
@@ -10,8 +12,16 @@ from contextlib import ExitStack
 import pytest
 
 from sglang_evs.testing import media, workload
-from sglang_evs.testing.requests import VIDEO, chat_prompt, counter_increase, generate, media_kwargs, pruning_metrics
-from sglang_evs.testing.router import healthy_workers, running_router, worker_args
+from sglang_evs.testing.requests import (
+    VIDEO,
+    chat_prompt,
+    counter_increase,
+    generate,
+    media_kwargs,
+    pruning_metrics,
+    served_requests,
+)
+from sglang_evs.testing.router import MEDIA_BALANCE_ARGS, healthy_workers, running_router, worker_args
 from sglang_evs.testing.server import running_server
 
 pytestmark = pytest.mark.slow
@@ -49,7 +59,8 @@ def cluster(tiny_model_dir, tmp_path_factory):
             stack.enter_context(running_server(tiny_model_dir, folder / f"worker{i}.log", WORKER_ARGS))
             for i in range(2)
         ]
-        router = stack.enter_context(running_router([w.base_url for w in workers], folder / "router.log"))
+        urls = [w.base_url for w in workers]
+        router = stack.enter_context(running_router(urls, folder / "router.log", extra=MEDIA_BALANCE_ARGS))
         yield router, workers
 
 
@@ -58,10 +69,15 @@ def test_64_mixed_chat_requests_at_two_rates_through_the_router_match_one_worker
     urls = [worker.base_url for worker in workers]
     assert sorted(healthy_workers(router.base_url)) == sorted(urls)
     answers, counted = reference
-    before = pruning_metrics(*urls)
+    before, served_before = pruning_metrics(*urls), [served_requests(url) for url in urls]
     routed = workload.send_concurrently(router.base_url, request_set, sender=workload.send_chat)
     assert not [r.name for r, out in zip(request_set, routed, strict=True) if isinstance(out, Exception)]
     assert counter_increase(before, pruning_metrics(*urls)) == counted
+    # the 48 media requests share one text, so without the balance thresholds they all go to one worker
+    # and the 16 text requests to the other (docs/benchmarks.md); with them the burst spreads
+    served = [served_requests(url) - b for url, b in zip(urls, served_before, strict=True)]
+    assert sum(served) == REQUESTS
+    assert min(served) > REQUESTS // 4, served
     assert counted["pruned_videos"] == REQUESTS // 2
     for request, one, through in zip(request_set, answers, routed, strict=True):
         assert through == one, request.name  # the answer and the prompt length

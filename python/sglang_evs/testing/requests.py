@@ -82,6 +82,16 @@ def flush_cache(base_url: str) -> None:
     requests.post(f"{base_url}/flush_cache", timeout=60).raise_for_status()
 
 
+def metric_total(metrics_text: str, name: str) -> float:
+    """The sum of one Prometheus metric's samples over its label sets (0 where absent)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith(name + "{"))
+
+
+def served_requests(base_url: str) -> float:
+    """Requests the server has finished (SGLang's own counter; needs `--enable-metrics`)."""
+    return metric_total(requests.get(f"{base_url}/metrics", timeout=30).text, "sglang:num_requests_total")
+
+
 def pruning_metrics(*base_urls: str) -> dict[tuple[str, str], float]:
     """The plugin's Prometheus counters, summed over the servers given: (name without `sglang_evs_` and
     `_total`, method) -> value."""

@@ -18,6 +18,12 @@ def worker_args(pruning_rate: float) -> list[str]:
     return ["--dtype", "float32", "--enable-metrics", "--json-model-override-args", rate]
 
 
+# Cache-aware routing matches the prompt text only, not the media: with the default thresholds (64 requests
+# and 1.5x apart) a burst of media requests asking the same question all go to one worker. The README's
+# recipe and the router test use these.
+MEDIA_BALANCE_ARGS = ("--balance-abs-threshold", "4", "--balance-rel-threshold", "1.2")
+
+
 def router_command(
     worker_urls: Sequence[str], port: int, policy: str = "cache_aware", extra: Sequence[str] = ()
 ) -> list[str]:
