@@ -75,6 +75,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("handle_batch_output"), _add_usage_to_meta_info, around)
     register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
     register(sglang.hook_target("chat_to_generate_request"), carry_chat_pruning_setting, after)
+    register(sglang.hook_target("dispatch_to_encoder"), refuse_pruning_before_encoder_dispatch, sglang.HookType.BEFORE)
     if trace.enabled():
         register(sglang.hook_target("prefill_graph_execute"), trace_prefill_graph_replay, after)
     # Our models' language models take no tensor argument but input_embeds (deepstack and
@@ -113,6 +114,19 @@ def carry_chat_pruning_setting(result, *args, **kwargs):
         chat_request.chat_template_kwargs, generate_request.mm_processor_kwargs
     )
     return result
+
+
+def refuse_pruning_before_encoder_dispatch(tokenizer_manager, request, *args, **kwargs):
+    """BEFORE hook on a `--language-only` server's dispatch of a request's media to its encoder servers:
+    a request that asks for video pruning gets SGLang's HTTP 400 (ValueError) before anything is sent,
+    since the embeddings coming back are unpruned and the layout is built without the pruning
+    processor (`settings.conflicting_setup`). The server default cannot prune here: refused at startup."""
+    from sglang_evs.pruning.settings import NO_PRUNING, conflicting_setup, refuse_unsupported, requested_pruning
+
+    conflict = conflicting_setup(tokenizer_manager.server_args)
+    given = request.mm_processor_kwargs  # a batch request may give one dict per sub-request
+    for mm_processor_kwargs in given if isinstance(given, list) else [given]:
+        refuse_unsupported(requested_pruning(mm_processor_kwargs, NO_PRUNING), conflict)
 
 
 def trace_prefill_graph_replay(result, runner, forward_batch, *args, **kwargs):

@@ -82,6 +82,10 @@ HOOK_TARGETS: dict[str, str] = {
     "chat_to_generate_request": (
         "sglang.srt.entrypoints.openai.serving_chat:OpenAIServingChat._convert_to_internal_request"
     ),
+    # a `--language-only` server hands a request's media to its encoder servers (before tokenizing it)
+    "dispatch_to_encoder": (
+        "sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_epd_disaggregation_encode_request"
+    ),
     # traced only (SGLANG_EVS_TRACE): each prefill CUDA graph replay
     "prefill_graph_execute": (
         "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.execute"

@@ -1,14 +1,15 @@
 """Which pruning applies to a request, and what is refused: pruning with speculative decoding
-(Qwen3.5's MTP among them), whether the server or the request asks for it."""
+(Qwen3.5's MTP among them) or with encoder disaggregation, whether the server or the request asks for it."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from sglang_evs.plugin import carry_chat_pruning_setting
+from sglang_evs.plugin import carry_chat_pruning_setting, refuse_pruning_before_encoder_dispatch
 from sglang_evs.pruning.settings import (
     NO_PRUNING,
     chat_processor_kwargs,
+    conflicting_setup,
     refuse_unsupported,
     request_pruning,
     server_pruning,
@@ -33,19 +34,45 @@ def request(**kwargs) -> SimpleNamespace:
 def test_server_pruning_with_speculative_decoding_is_refused_naming_the_setting(settings, named):
     pruning = server_pruning(config(**settings))
     with pytest.raises(ValueError, match=f"{named}.*speculative decoding"):
-        refuse_unsupported(pruning, speculative=True)
-    refuse_unsupported(pruning, speculative=False)  # without speculative decoding it serves
+        refuse_unsupported(pruning, "speculative decoding")
+    refuse_unsupported(pruning, None)  # without speculative decoding it serves
 
 
 def test_a_request_that_asks_for_pruning_is_refused_under_speculative_decoding():
     server = server_pruning(config())
     assert server == NO_PRUNING
-    refuse_unsupported(server, speculative=True)  # q = 0: nothing pruned, MTP serves as upstream
+    refuse_unsupported(server, "speculative decoding")  # q = 0: nothing pruned, MTP serves as upstream
     asked = request_pruning(request(video_pruning_rate=0.75), server)
     assert asked.rate == 0.75
     with pytest.raises(ValueError, match="video_pruning_rate=0.75"):
-        refuse_unsupported(asked, speculative=True)
-    refuse_unsupported(request_pruning(request(video_pruning_rate=0.0), server), speculative=True)
+        refuse_unsupported(asked, "speculative decoding")
+    refuse_unsupported(request_pruning(request(video_pruning_rate=0.0), server), "speculative decoding")
+
+
+@pytest.mark.parametrize(
+    "server_args, conflict",
+    [
+        ({}, None),
+        ({"speculative_algorithm": None, "encoder_only": False, "language_only": False}, None),
+        ({"speculative_algorithm": "NEXTN"}, "speculative decoding"),
+        ({"encoder_only": True}, "encoder disaggregation (--encoder-only)"),
+        ({"language_only": True}, "encoder disaggregation (--language-only)"),
+    ],
+)
+def test_conflicting_setup_names_what_pruning_cannot_run_with(server_args, conflict):
+    assert conflicting_setup(SimpleNamespace(**server_args)) == conflict
+
+
+def test_a_language_only_server_refuses_a_pruning_request_before_dispatching_it_to_an_encoder():
+    tokenizer_manager = SimpleNamespace(server_args=SimpleNamespace(language_only=True))
+    asks = SimpleNamespace(mm_processor_kwargs={"video_retention_ratio": 0.25})
+    with pytest.raises(ValueError, match=r"video_retention_ratio=0.25.*\(--language-only\)"):
+        refuse_pruning_before_encoder_dispatch(tokenizer_manager, asks)
+    batch = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.5}])
+    with pytest.raises(ValueError, match="video_pruning_rate=0.5"):
+        refuse_pruning_before_encoder_dispatch(tokenizer_manager, batch)
+    for serves in (None, {"video_pruning_rate": 0.0}, [None, {"video_pruning_rate": 0}]):
+        refuse_pruning_before_encoder_dispatch(tokenizer_manager, SimpleNamespace(mm_processor_kwargs=serves))
 
 
 def test_the_request_setting_overrides_the_server_default():

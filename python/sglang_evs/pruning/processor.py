@@ -13,7 +13,7 @@ from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.models.registry import upstream_classes
 from sglang_evs.pruning.layout import prune_video_layout
-from sglang_evs.pruning.settings import refuse_unsupported, request_pruning, server_pruning
+from sglang_evs.pruning.settings import conflicting_setup, refuse_unsupported, request_pruning, server_pruning
 from sglang_evs.pruning.usage import record_usage
 
 logger = logging.getLogger(__name__)
@@ -38,8 +38,8 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
     def __init__(self, hf_config, server_args, _processor, *args, **kwargs) -> None:
         super().__init__(hf_config, server_args, _processor, *args, **kwargs)
         self.pruning = server_pruning(hf_config)
-        self.speculative = getattr(server_args, "speculative_algorithm", None) is not None
-        refuse_unsupported(self.pruning, self.speculative)
+        self.conflict = conflicting_setup(server_args)
+        refuse_unsupported(self.pruning, self.conflict)
         logging.getLogger("sglang_evs").info(
             "sglang-evs: %s processor with video pruning, default %s (%s=%s)",
             hf_config.architectures[0] if getattr(hf_config, "architectures", None) else "VLM",
@@ -56,7 +56,7 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
         start = time.perf_counter()
         pruning = request_pruning(request_obj, self.pruning)
-        refuse_unsupported(pruning, self.speculative)
+        refuse_unsupported(pruning, self.conflict)
         output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
         if pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
             merge = self.hf_config.vision_config.spatial_merge_size

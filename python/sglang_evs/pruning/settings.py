@@ -46,7 +46,12 @@ def server_pruning(hf_config) -> Pruning:
 
 def request_pruning(request_obj, default: Pruning) -> Pruning:
     """The request's own setting if it gives one (ValueError naming it if invalid), else `default`."""
-    return _selected(getattr(request_obj, "mm_processor_kwargs", None) or {}) or default
+    return requested_pruning(getattr(request_obj, "mm_processor_kwargs", None), default)
+
+
+def requested_pruning(mm_processor_kwargs: dict | None, default: Pruning) -> Pruning:
+    """The setting a request's `mm_processor_kwargs` give (ValueError naming it if invalid), else `default`."""
+    return _selected(mm_processor_kwargs or {}) or default
 
 
 def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs: dict | None) -> dict | None:
@@ -58,11 +63,31 @@ def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs
     return {**(mm_processor_kwargs or {}), **carried}
 
 
-def refuse_unsupported(pruning: Pruning, speculative: bool) -> None:
-    if pruning.prunes and speculative:
+def conflicting_setup(server_args) -> str | None:
+    """What of a server's setup video pruning cannot run with, named for the error; None: nothing.
+
+    - speculative decoding: its draft and verify steps know nothing of pruned positions;
+    - encoder disaggregation: a `--language-only` server takes its media embeddings from an
+      `--encoder-only` one, unpruned, and lays the prompt out from the grid alone, so neither the
+      pruned layout nor the keep-mask would be built (a request's rate would be silently ignored).
+    """
+    if getattr(server_args, "speculative_algorithm", None) is not None:
+        return "speculative decoding"
+    return next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
+
+
+# ServerArgs attribute (also set on an encoder server's model config) -> the role, as errors name it
+DISAGGREGATED_ROLES = {
+    "encoder_only": "encoder disaggregation (--encoder-only)",
+    "language_only": "encoder disaggregation (--language-only)",
+}
+
+
+def refuse_unsupported(pruning: Pruning, conflict: str | None) -> None:
+    """ValueError naming the setting and `conflict` (a `conflicting_setup` answer) if both are there."""
+    if pruning.prunes and conflict is not None:
         setting = pruning.method.setting
         raise ValueError(
             f"{setting}={pruning.setting_value}: video pruning ({pruning.method.name}) is not supported with "
-            f"speculative decoding yet; unset {setting} (or set {PRUNING_RATE_SETTING} to 0) or disable "
-            "speculative decoding"
+            f"{conflict} yet; unset {setting} (or set {PRUNING_RATE_SETTING} to 0) or serve without {conflict}"
         )
