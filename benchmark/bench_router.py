@@ -48,7 +48,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_evs.bench.ratios import geometric_interval, median_interval
+from sglang_evs.bench.ratios import median_interval, round_ratio
 from sglang_evs.runtime.rank_binding import core_groups
 from sglang_evs.testing.requests import metric_total, served_requests
 from sglang_evs.testing.router import worker_args
@@ -96,13 +96,6 @@ def added_latency_ms(direct: list[float], routed: list[float]) -> dict:
     """Per pair (routed - direct) in ms: their median, the router's added latency per request, with a
     distribution-free 95 % interval (none below 8 pairs)."""
     return median_interval([(r - d) * 1000 for d, r in zip(direct, routed, strict=True)])
-
-
-def round_ratio(one_worker: list[float], through_router: list[float]) -> dict:
-    """req/s of each alternated round -> per-round router / one-worker ratios, their geometric mean and
-    95 % interval."""
-    per_round = [r / o for o, r in zip(one_worker, through_router, strict=True)]
-    return {"per_round": per_round, **geometric_interval(per_round)}
 
 
 def worker_cores(layout: str, workers: int) -> list[list[int] | None]:

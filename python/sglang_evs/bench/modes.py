@@ -20,7 +20,14 @@ from sglang_evs.bench.measure import (
     video_bench,
     warm_up,
 )
-from sglang_evs.bench.ratios import add_ratios, geometric_interval, paired_ideal, paired_ratio, reference_tokens
+from sglang_evs.bench.ratios import (
+    add_ratios,
+    geometric_interval,
+    paired_ideal,
+    paired_ratio,
+    reference_tokens,
+    round_ratio,
+)
 from sglang_evs.testing.requests import per_request_rate
 
 
@@ -112,12 +119,10 @@ def load(
         row["ttft_vs_first"] = row["video"]["mean_ttft_ms"] / base["mean_ttft_ms"]
     result = {"mode": "load", "concurrency": concurrency, "rounds": rounds, "rows": rows, "runs": runs}
     if rounds >= 2 and len(rates) >= 2:
-        per_round = [
-            next(x for x in runs if x["round"] == r and x["rate"] == rates[-1])["video"]["request_throughput"]
-            / next(x for x in runs if x["round"] == r and x["rate"] == rates[0])["video"]["request_throughput"]
-            for r in range(rounds)
-        ]
-        result["throughput_ratio"] = {"per_round": per_round, **geometric_interval(per_round)}
+        throughput = {(run["round"], run["rate"]): run["video"]["request_throughput"] for run in runs}
+        result["throughput_ratio"] = round_ratio(
+            [throughput[r, rates[0]] for r in range(rounds)], [throughput[r, rates[-1]] for r in range(rounds)]
+        )
     return result
 
 

@@ -99,6 +99,13 @@ def geometric_interval(ratios: list[float]) -> dict:
             "pairs": len(logs)}  # fmt: skip
 
 
+def round_ratio(baseline: list[float], other: list[float]) -> dict:
+    """One figure per alternated round for each side -> per-round ratios other / baseline, their geometric
+    mean and 95 % interval."""
+    per_round = [o / b for b, o in zip(baseline, other, strict=True)]
+    return {"per_round": per_round, **geometric_interval(per_round)}
+
+
 def median_interval(values: list[float]) -> dict:
     """Per-pair values (ratios, or differences) -> their median and a distribution-free 95 % interval for
     it: the order statistics at ranks n/2 -+ 1.96 sqrt(n)/2 (the sign test, normal approximation). A
