@@ -46,10 +46,10 @@ def server_pruning(hf_config) -> Pruning:
 
 def request_pruning(request_obj, default: Pruning) -> Pruning:
     """The request's own setting if it gives one (ValueError naming it if invalid), else `default`."""
-    return requested_pruning(getattr(request_obj, "mm_processor_kwargs", None), default)
+    return pruning_from_kwargs(getattr(request_obj, "mm_processor_kwargs", None), default)
 
 
-def requested_pruning(mm_processor_kwargs: dict | None, default: Pruning) -> Pruning:
+def pruning_from_kwargs(mm_processor_kwargs: dict | None, default: Pruning) -> Pruning:
     """The setting a request's `mm_processor_kwargs` give (ValueError naming it if invalid), else `default`."""
     return _selected(mm_processor_kwargs or {}) or default
 
