@@ -7,16 +7,12 @@ server-wide setting stops either role at startup, and a request that asks for pr
 before anything is sent to an encoder, while the pair serves on.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 import requests
 
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, generate, media_kwargs
-from sglang_evs.testing.server import CPU_ENV, CPU_SERVER_ARGS, running_server
+from sglang_evs.testing.server import run_to_exit, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -91,11 +87,7 @@ def test_a_request_asking_for_pruning_gets_400_and_the_pair_serves_on(pair, sing
     ids=["encoder-only", "language-only"],
 )
 def test_a_server_wide_setting_stops_either_role_at_startup(tiny_model_dir, role_args):
-    done = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir), *CPU_SERVER_ARGS,
-         *role_args, "--json-model-override-args", '{"video_pruning_rate": 0.5}'],
-        capture_output=True, text=True, timeout=240, env={**os.environ, **CPU_ENV},
-    )  # fmt: skip
+    done = run_to_exit(tiny_model_dir, [*role_args, "--json-model-override-args", '{"video_pruning_rate": 0.5}'])
     assert done.returncode != 0
     assert "video_pruning_rate=0.5" in done.stdout + done.stderr
     assert REFUSED.format(role=role_args[0]) in done.stdout + done.stderr

@@ -1,6 +1,5 @@
 """Bad input gets a clear error and loses nothing: startup refuses a bad setting; bad requests get HTTP 400."""
 
-import os
 import subprocess
 import sys
 
@@ -8,7 +7,7 @@ import pytest
 import requests
 
 from sglang_evs.testing import media
-from sglang_evs.testing.server import CPU_ENV, CPU_SERVER_ARGS, running_server
+from sglang_evs.testing.server import run_to_exit, running_server
 
 RATE_MESSAGE = "video_pruning_rate must be a number in [0, 1)"
 RATIO_MESSAGE = "video_retention_ratio must be a number in (0, 1]"
@@ -29,11 +28,7 @@ RATIO_MESSAGE = "video_retention_ratio must be a number in (0, 1]"
     ],
 )
 def test_startup_refuses_an_invalid_setting_naming_it(tiny_model_dir, overrides, message):
-    done = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tiny_model_dir), *CPU_SERVER_ARGS,
-         "--json-model-override-args", overrides],
-        capture_output=True, text=True, timeout=240, env={**os.environ, **CPU_ENV},
-    )  # fmt: skip
+    done = run_to_exit(tiny_model_dir, ["--json-model-override-args", overrides])
     assert done.returncode != 0
     assert message in done.stdout + done.stderr
 

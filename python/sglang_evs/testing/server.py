@@ -141,6 +141,15 @@ def start_server(
     return process
 
 
+def run_to_exit(
+    model_path: str | Path, extra_args: Sequence[str] = (), timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """A CPU server run in the foreground until it exits by itself (a refusal at startup), output captured."""
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+           *cpu_server_args(model_path), *extra_args]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=server_environment(cpu=True))
+
+
 def spawn(
     cmd: Sequence[str], log_path: str | Path, env: dict[str, str] | None = None, cores: Sequence[int] | None = None
 ) -> subprocess.Popen:
