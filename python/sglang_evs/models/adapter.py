@@ -24,6 +24,8 @@ from sglang_evs.models.graph_inputs import (
     GraphInputs,
     prefill_token_bound,
     reads_graph_inputs,
+    receive_stage_positions,
+    refuse_deepstack_beyond_first_stage,
 )
 from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
 from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
@@ -72,6 +74,13 @@ def attach(model, config, language_model_cls: type, deepstack_levels: int, encod
     `encode_videos`: the upstream video getter, bound to the model; None: videos not pruned)."""
     if type(model.model) in language_model_cls.__bases__:
         model.model.__class__ = language_model_cls  # upstream built it; ours adds only a forward override
+    elif not isinstance(model.model, language_model_cls):
+        # its forward would not read the buffers: deepstack and pruned positions would be lost
+        raise TypeError(
+            f"sglang-evs: {type(model).__name__} built a {type(model.model).__qualname__} language model; "
+            f"the adapter re-classes only upstream's {language_model_cls.__bases__[-1].__qualname__}"
+        )
+    refuse_deepstack_beyond_first_stage(model.model, deepstack_levels)
     model.model.graph_inputs = GraphInputs(
         capacity=prefill_token_bound(sglang.prefill_limits()),
         deepstack_width=deepstack_levels * model.config.hidden_size,
@@ -131,6 +140,8 @@ def forward(model, input_ids, positions, forward_batch, get_embedding=False, pp_
     """Upstream's forward with the generic routine (and no deepstack argument)."""
     if model.is_mrope_enabled:
         positions = forward_batch.mrope_positions
+    if pp_proxy_tensors is not None and reads_graph_inputs(forward_batch.forward_mode):  # a later pipeline stage
+        receive_stage_positions(model.model.graph_inputs, forward_batch, int(input_ids.shape[0]), pp_proxy_tensors)
     start = time.perf_counter() if trace.enabled() else None
     hidden_states = general_mm_embed_routine(
         input_ids=input_ids,

@@ -21,6 +21,12 @@ deepstack rows must live in tensors the model owns from construction on:
 
 Rows past the last write stay zero: a graph captured for a larger bucket adds zero deepstack
 and reads position 0 on its padding rows.
+
+Under pipeline parallelism only the first stage embeds and runs `post_process`; the positions it
+wrote travel to the next stages in the stage's proxy tensors (`STAGE_POSITIONS_KEY`), and each
+later stage writes them into its own buffers before its layers run (`receive_stage_positions`).
+Deepstack is added after the first decoder layers only, so it never crosses a stage: a later stage
+that would hold a deepstack layer is refused at startup (`refuse_deepstack_beyond_first_stage`).
 """
 
 import logging
@@ -34,6 +40,9 @@ from sglang_evs import trace
 logger = logging.getLogger(__name__)
 
 CARRIED_FIELD = "language_model_inputs"
+# The M-RoPE positions a pipeline stage hands the next one, [num_tokens, 3] (token-major: SGLang
+# slices proxy tensors by token), beside the proxy's hidden states and residual.
+STAGE_POSITIONS_KEY = "sglang_evs_mrope_positions"
 
 
 @dataclass(frozen=True)
@@ -106,12 +115,38 @@ class GraphInputs(nn.Module):
         return self.view(num_tokens)
 
 
+def receive_stage_positions(graph_inputs: "GraphInputs", forward_batch, num_tokens: int, proxy) -> None:
+    """On a later pipeline stage, in an extend forward: the positions the previous stage used
+    (pruned ones included) into this stage's buffers, carried on the batch as `post_process` does
+    on the first stage. `proxy`: SGLang's PPProxyTensors from the previous stage."""
+    received = proxy.tensors.get(STAGE_POSITIONS_KEY)
+    if graph_inputs.positions is not None and received is None:
+        raise RuntimeError("sglang-evs: the previous pipeline stage sent no M-RoPE positions with its hidden states")
+    carried = graph_inputs.write(num_tokens, None if received is None else received.t())
+    setattr(forward_batch, CARRIED_FIELD, carried)
+
+
+def refuse_deepstack_beyond_first_stage(language_model, deepstack_levels: int) -> None:
+    """Deepstack level i is added after decoder layer i, on the first stage only (startup error otherwise)."""
+    pp_group = getattr(language_model, "pp_group", None)
+    if pp_group is None or pp_group.is_first_rank or not deepstack_levels:
+        return
+    start = int(language_model.start_layer)
+    if start < deepstack_levels:
+        raise ValueError(
+            f"sglang-evs: --pp-size: this pipeline stage starts at decoder layer {start}, but the model adds "
+            f"deepstack after layers 0-{deepstack_levels - 1}, which must all be on the first stage; "
+            "use a smaller --pp-size (or SGLANG_PP_LAYER_PARTITION) so that they are"
+        )
+
+
 class ReadsGraphInputs:
     """Language-model mixin: in extend forwards, positions and deepstack come from what the batch
     carries, or from the model's `GraphInputs` when it carries nothing (a graph's capture batch).
 
     Deepstack is handed to the upstream forward only where there is some (Qwen3 language models
-    take it as their last argument). No `input_deepstack_embeds` parameter here: SGLang's
+    take it as their last argument). A stage that is not the last adds its positions to the proxy
+    tensors it returns, for the next stage. No `input_deepstack_embeds` parameter here: SGLang's
     deepstack warm-up (`run_dummy_multimodal_deepstack_forward`) checks the signature and leaves
     these models alone.
     """
@@ -137,4 +172,9 @@ class ReadsGraphInputs:
                 rows=int(positions.shape[-1]),
             )
         extra = () if deepstack is None else (deepstack,)
-        return super().forward(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors, *extra)
+        out = super().forward(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors, *extra)
+        pp_group = getattr(self, "pp_group", None)
+        if pp_group is not None and not pp_group.is_last_rank and reads_graph_inputs(forward_batch.forward_mode):
+            if positions.dim() == 2:  # M-RoPE [3, n]
+                out.tensors[STAGE_POSITIONS_KEY] = positions.t().contiguous()
+        return out

@@ -1,6 +1,7 @@
 """Prompts, per-request pruning settings and /generate calls shared by the end-to-end tests, the demo
 and the benchmarks."""
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,8 +79,16 @@ def _generation(out: dict) -> Generation:
     )
 
 
-def flush_cache(base_url: str) -> None:
-    requests.post(f"{base_url}/flush_cache", timeout=60).raise_for_status()
+def flush_cache(base_url: str, timeout: float = 30) -> None:
+    """Empty the server's radix cache. SGLang refuses (HTTP 400) while requests are still running, which a
+    pipeline-parallel server's last stage may still be doing after the answer went out: retried until then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = requests.post(f"{base_url}/flush_cache", timeout=60)
+        if response.status_code != 400 or time.monotonic() > deadline:
+            response.raise_for_status()
+            return
+        time.sleep(0.2)
 
 
 def metric_total(metrics_text: str, name: str) -> float:

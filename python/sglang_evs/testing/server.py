@@ -147,7 +147,9 @@ def run_to_exit(
     """A CPU server run in the foreground until it exits by itself (a refusal at startup), output captured."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
            *cpu_server_args(model_path), *extra_args]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=server_environment(cpu=True))
+    environment = server_environment(cpu=True)
+    environment.update(cpu_rank_environment(extra_args, environment))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environment)
 
 
 def spawn(

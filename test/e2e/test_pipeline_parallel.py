@@ -1,0 +1,122 @@
+"""`--pp-size 2` with the plugin: q = 0 bit-identical to upstream SGLang at `--pp-size 2`, pruning equal to
+`--pp-size 1`.
+
+Only the first pipeline stage embeds the prompt and runs `post_process`, where pruned videos get their
+exact M-RoPE positions; the later stage reads the positions the first one sends with its hidden states.
+A six-layer Qwen3-VL (both deepstack levels on the first stage, as upstream requires), 64-token chunks
+that cut every video, float32. Three servers: upstream at pp = 2, the plugin at pp = 2 and at pp = 1.
+
+Against upstream at pp = 2, requests sent alone are compared exactly (tokens, every logprob and top-5
+logprob, prompt length). The three requests of one batch request are scheduled into pipeline micro-batches
+as they arrive, so which of them share a forward (and the last bits of their matmuls) differs from run to
+run: there tokens and prompt lengths are compared exactly and logprobs within `TOLERANCE`. Against pp = 1
+(another split of the same layers: a radix hit's decode steps measured 1e-7 apart) every case is compared
+that way.
+"""
+
+import pytest
+
+from conftest import build_cached_model
+from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs, per_request_rate
+from sglang_evs.testing.server import run_to_exit, running_server
+
+pytestmark = pytest.mark.slow
+
+SIX_LAYERS = {"text_config": {"num_hidden_layers": 6}, "vision_config": {"depth": 3}}
+ARGS = ["--dtype", "float32", "--chunked-prefill-size", "64"]
+TOLERANCE = 1e-4
+PRUNINGS = {"evs q=0.75": per_request_rate(0.75), "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2")}
+
+
+@pytest.fixture(scope="module")
+def six_layer_model():
+    return build_cached_model("tiny", overrides=SIX_LAYERS, variant="six-layers")
+
+
+def cases(media) -> dict[str, tuple[str, dict]]:
+    image, image2 = media / "image.png", media / "image2.png"
+    return {
+        "text": (chat_prompt(text="Count to five."), {}),
+        "image": (chat_prompt(IMAGE), media_kwargs(images=[image])),
+        "video": (chat_prompt(VIDEO), media_kwargs(videos=[media / "moving.mp4"])),
+        "image+video": (chat_prompt(IMAGE, VIDEO), media_kwargs(images=[image2], videos=[media / "noise.mp4"])),
+    }
+
+
+def serve(base_url: str, media, rate: dict) -> dict:
+    """Each case alone, a radix repeat of the last, and a batch mixing text, image and video, all at `rate`,
+    from an empty radix cache (chunk boundaries after a cache hit depend on what was cached)."""
+    flush_cache(base_url)
+    out = {}
+    for name, (prompt, kwargs) in cases(media).items():
+        out[name] = generate(base_url, prompt, max_new_tokens=10, **kwargs, **rate)[0]
+    prompt, kwargs = cases(media)["image+video"]
+    out["radix repeat"] = generate(base_url, prompt, max_new_tokens=10, **kwargs, **rate)[0]
+    flush_cache(base_url)
+    batch = cases(media)
+    out["batch"] = generate(
+        base_url,
+        [batch[name][0] for name in ("image", "text", "video")],
+        max_new_tokens=10,
+        image_data=[[str(media / "image.png")], [], []],
+        video_data=[[], [], [str(media / "static.mp4")]],
+        **rate,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(six_layer_model, media_dir, tmp_path_factory):
+    """{(server, setting): results} for upstream pp = 2 (q = 0), the plugin at pp = 2 (q = 0 and both
+    prunings) and the plugin at pp = 1 (both prunings)."""
+    folder = tmp_path_factory.mktemp("pipeline")
+    plans = {
+        "upstream pp2": (["--pp-size", "2"], {"SGLANG_PLUGINS": "none"}, {"q=0": {}}),
+        "plugin pp2": (["--pp-size", "2"], {}, {"q=0": {}, **PRUNINGS}),
+        "plugin pp1": ([], {}, PRUNINGS),
+    }
+    out = {}
+    for server_name, (extra, env, settings) in plans.items():
+        log = folder / f"{server_name.replace(' ', '-')}.log"
+        with running_server(six_layer_model, log, [*ARGS, *extra], env=env) as server:
+            for setting, rate in settings.items():
+                out[server_name, setting] = serve(server.base_url, media_dir, rate)
+    return out
+
+
+def assert_close(ours, reference) -> None:
+    assert (ours.output_ids, ours.prompt_tokens) == (reference.output_ids, reference.prompt_tokens)
+    gap = max(abs(a - b) for a, b in zip(ours.logprobs, reference.logprobs, strict=True))
+    assert gap <= TOLERANCE, gap
+
+
+def test_pp2_at_q0_is_bit_identical_to_upstream_pp2(served):
+    ours, upstream = served["plugin pp2", "q=0"], served["upstream pp2", "q=0"]
+    assert ours.keys() == upstream.keys()
+    for name in upstream.keys() - {"batch"}:
+        assert ours[name] == upstream[name], name
+    for mine, theirs in zip(ours["batch"], upstream["batch"], strict=True):
+        assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("setting", list(PRUNINGS))
+def test_pruned_pp2_equals_pp1(served, setting):
+    pp1, pp2 = served["plugin pp1", setting], served["plugin pp2", setting]
+    unpruned = served["plugin pp2", "q=0"]
+    assert pp2.keys() == pp1.keys()
+    for name in pp1.keys() - {"batch"}:
+        assert_close(pp2[name], pp1[name])
+    for two, one in zip(pp2["batch"], pp1["batch"], strict=True):
+        assert_close(two, one)
+    assert pp2["video"].prompt_tokens < unpruned["video"].prompt_tokens  # pruning ran
+    assert pp2["image"].prompt_tokens == unpruned["image"].prompt_tokens  # images never pruned
+
+
+def test_deepstack_on_a_later_stage_is_refused_at_startup(tiny_qwen3_5_deepstack_dirs):
+    """A Qwen3.5 with deepstack after layers 0-2 of its 4: at pp = 2 the second stage would start at layer
+    2 (upstream Qwen3.5 would silently add nothing there; upstream Qwen3-VL asserts on its own)."""
+    with_levels, _ = tiny_qwen3_5_deepstack_dirs
+    result = run_to_exit(with_levels, ["--pp-size", "2"])
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "this pipeline stage starts at decoder layer 2" in output and "deepstack" in output, output[-3000:]
