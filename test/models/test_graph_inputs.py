@@ -1,6 +1,19 @@
+from types import SimpleNamespace
+
+import pytest
 import torch
 
-from sglang_evs.models.graph_inputs import GraphInputs, prefill_token_bound, reads_graph_inputs
+from sglang_evs.models.adapter import attach
+from sglang_evs.models.graph_inputs import (
+    CARRIED_FIELD,
+    STAGE_POSITIONS_KEY,
+    GraphInputs,
+    ReadsGraphInputs,
+    prefill_token_bound,
+    reads_graph_inputs,
+    receive_stage_positions,
+    refuse_deepstack_beyond_first_stage,
+)
 from sglang_evs.sglang_compat import PrefillLimits
 
 
@@ -51,3 +64,48 @@ def test_only_extend_forwards_read_the_buffers():
     assert not reads_graph_inputs(ForwardMode.DECODE)
     assert not reads_graph_inputs(ForwardMode.TARGET_VERIFY)
     assert not reads_graph_inputs(ForwardMode.IDLE)
+
+
+class Proxy:  # SGLang's PPProxyTensors: a dict of tensors
+    def __init__(self, tensors: dict) -> None:
+        self.tensors = tensors
+
+
+def test_a_later_pipeline_stage_reads_the_positions_the_first_one_sent():
+    buffers = GraphInputs(capacity=8, deepstack_width=0, mrope=True)
+    sent = torch.tensor([[0, 0, 0], [1, 1, 1], [5, 2, 3], [9, 9, 9]])  # token-major, as a stage sends them
+    batch = SimpleNamespace()
+    receive_stage_positions(buffers, batch, 4, Proxy({"hidden_states": torch.zeros(4, 2), STAGE_POSITIONS_KEY: sent}))
+    carried = getattr(batch, CARRIED_FIELD)
+    assert torch.equal(carried.positions, sent.t()) and carried.positions.data_ptr() == buffers.positions.data_ptr()
+    with pytest.raises(RuntimeError, match="no M-RoPE positions"):
+        receive_stage_positions(buffers, batch, 4, Proxy({"hidden_states": torch.zeros(4, 2)}))
+
+
+def test_deepstack_after_a_layer_of_a_later_stage_is_refused():
+    class Stage:
+        def __init__(self, first: bool, start: int) -> None:
+            self.pp_group = type("Group", (), {"is_first_rank": first})()
+            self.start_layer = start
+
+    refuse_deepstack_beyond_first_stage(Stage(first=True, start=0), 3)
+    refuse_deepstack_beyond_first_stage(Stage(first=False, start=3), 3)
+    refuse_deepstack_beyond_first_stage(Stage(first=False, start=1), 0)
+    with pytest.raises(ValueError, match="starts at decoder layer 2.*layers 0-2"):
+        refuse_deepstack_beyond_first_stage(Stage(first=False, start=2), 3)
+
+
+def test_attach_refuses_a_language_model_it_cannot_reclass():
+    class Upstream(torch.nn.Module):
+        pass
+
+    class Ours(ReadsGraphInputs, Upstream):
+        pass
+
+    class Unknown(torch.nn.Module):
+        pass
+
+    model = type("SomeVLM", (), {})()
+    model.model = Unknown()
+    with pytest.raises(TypeError, match="SomeVLM built a .*Unknown language model.*only upstream's .*Upstream"):
+        attach(model, None, Ours, 0, None)
