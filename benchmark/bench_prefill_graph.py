@@ -7,7 +7,12 @@ Two servers run at once on one GPU (each with part of its memory): one with
 `--cuda-graph-backend-prefill BACKEND`, one with `disabled`. Each pair sends the same short
 request (one image, or one image and a short video at q = .75) to both, streamed, in
 alternating order, and takes the time to the first streamed chunk. It reports the per-pair
-eager/graph TTFT ratio: geometric mean and its 95 % interval. Goal: at least 1.3x on small
+eager/graph TTFT ratio: geometric mean and its 95 % interval.
+
+Both servers run with the radix cache off, so every timed request prefills its whole prompt (with
+the cache on, a repeated request extends one token and no graph replays). The graph server traces
+SGLang's graph runner (SGLANG_EVS_TRACE): the run stops with an error unless each timed request
+replayed a prefill graph. Goal: at least 1.3x on small
 prefills. Without --model-path it serves the bundled tiny Qwen3-VL (built offline), where
 the language model's launch overhead is what a graph removes.
 """
@@ -51,7 +56,23 @@ def request_bodies(media: Path) -> dict[str, dict]:
 
 def server_args(backend: str) -> list[str]:
     return ["--device", "cuda", "--cuda-graph-backend-prefill", backend, "--mem-fraction-static", "0.35",
-            "--cuda-graph-bs-prefill", "64", "128", "256", "512", "1024"]  # fmt: skip
+            "--cuda-graph-bs-prefill", "64", "128", "256", "512", "1024", "--disable-radix-cache"]  # fmt: skip
+
+
+def graph_replays(trace_path: Path) -> int:
+    """Prefill graph replays the graph server has traced so far."""
+    from sglang_evs import trace
+
+    return len(trace.read(trace_path, "prefill_graph_replay")) if trace_path.exists() else 0
+
+
+def timed_on_graph(base_url: str, body: dict, trace_path: Path) -> float:
+    """TTFT of one request on the graph server; an error unless it replayed a prefill graph."""
+    before = graph_replays(trace_path)
+    ttft = streamed_ttft_ms(base_url, body)
+    if graph_replays(trace_path) <= before:
+        raise RuntimeError(f"a timed request replayed no prefill graph (trace {trace_path}): eager timed as graph")
+    return ttft
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -80,8 +101,12 @@ def main(argv: list[str] | None = None) -> dict:
     bodies = request_bodies(media_dir)
 
     result: dict = {"backend": args.backend, "model": model, "cases": {}}
+    trace_path = args.workdir / "graph-trace.jsonl"
+    trace_path.unlink(missing_ok=True)
     with (
-        serving(model, args.workdir / "graph.log", server_args(args.backend)) as graph,
+        serving(
+            model, args.workdir / "graph.log", server_args(args.backend), env={"SGLANG_EVS_TRACE": str(trace_path)}
+        ) as graph,
         serving(model, args.workdir / "eager.log", server_args("disabled")) as eager,
     ):
         servers = {"graph": graph.base_url, "eager": eager.base_url}
@@ -91,7 +116,12 @@ def main(argv: list[str] | None = None) -> dict:
             pairs = []
             for i in range(args.pairs):
                 order = ("graph", "eager") if i % 2 == 0 else ("eager", "graph")
-                times = {side: streamed_ttft_ms(servers[side], body) for side in order}
+                times = {
+                    side: timed_on_graph(servers[side], body, trace_path)
+                    if side == "graph"
+                    else streamed_ttft_ms(servers[side], body)
+                    for side in order
+                }
                 pairs.append(times)
             ratios = [p["eager"] / p["graph"] for p in pairs]
             result["cases"][name] = {
