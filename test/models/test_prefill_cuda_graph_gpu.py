@@ -4,11 +4,15 @@ Run on a CUDA machine (the CPU route must not be set there):
     pytest -m gpu test/models/test_prefill_cuda_graph_gpu.py
 
 Each prefill backend (breakable, full) serves the same requests as eager (`disabled`):
-image, video, image+video, at q = 0 and q = .75, with chunked prefill cutting the media.
-The plugin's trace records every prefill graph replay from SGLang's graph runner itself,
-so the test knows the measured prefills replayed a graph. A model built without deepstack
-levels answers differently, so deepstack is visible in what is compared.
+image, video, image+video, at q = 0 and q = .75 (each rate's prompts new to the radix cache, so every
+one prefills its media), with chunked prefill cutting the media, then the three as one concurrent
+batch (several requests, media and text, in one prefill). The plugin's trace records every prefill
+graph replay from SGLang's graph runner itself, in order with the `post_process` of each forward: every
+forward that carried media rows must be followed by a replay before the next forward. A model built
+without deepstack levels answers differently, so deepstack is visible in what is compared.
 """
+
+import json
 
 import pytest
 import torch
@@ -32,23 +36,58 @@ def gpu_server_args(prefill_backend: str, chunk: int = 64) -> list[str]:
     ]  # fmt: skip
 
 
+def rate_prompt(rate: float, *media: str) -> str:
+    """The tiny model's chat prompt, with text naming the rate before the media: new to the radix cache
+    for each rate, so each rate's media are prefilled (and replayed) rather than found in the cache."""
+    return chat_prompt(*media).replace("user\n", f"user\nAt rate {rate}: ", 1)
+
+
 def cases(media) -> list[tuple[str, dict]]:
     out = []
     for rate in (0.0, 0.75):
         evs = {"mm_processor_kwargs": {"video_pruning_rate": rate}}
         out += [
-            (chat_prompt(IMAGE), {**media_kwargs(images=[media / "image.png"]), **evs}),
-            (chat_prompt(VIDEO), {**media_kwargs(videos=[media / "moving.mp4"]), **evs}),
-            (chat_prompt(IMAGE, VIDEO),
+            (rate_prompt(rate, IMAGE), {**media_kwargs(images=[media / "image.png"]), **evs}),
+            (rate_prompt(rate, VIDEO), {**media_kwargs(videos=[media / "moving.mp4"]), **evs}),
+            (rate_prompt(rate, IMAGE, VIDEO),
              {**media_kwargs(images=[media / "image2.png"], videos=[media / "noise.mp4"]), **evs}),
         ]  # fmt: skip
     return out
 
 
+def concurrent_batch(media) -> tuple[list[str], dict]:
+    prompts = [rate_prompt(0.5, IMAGE), rate_prompt(0.5), rate_prompt(0.5, VIDEO)]
+    return prompts, {
+        "image_data": [[str(media / "image2.png")], [], []],
+        "video_data": [[], [], [str(media / "static.mp4")]],
+        "mm_processor_kwargs": {"video_pruning_rate": 0.5},
+    }
+
+
 def serve(model_dir, media, log_path, args, trace_path=None):
     env = {"SGLANG_EVS_TRACE": str(trace_path)} if trace_path else None
     with running_server(model_dir, log_path, args, env=env, cpu=False) as server:
-        return [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in cases(media)]
+        alone = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in cases(media)]
+        prompts, kwargs = concurrent_batch(media)
+        return alone + generate(server.base_url, prompts, **kwargs)
+
+
+def media_forwards_without_replay(trace_path) -> tuple[int, int]:
+    """(forwards that carried media rows, those of them not followed by a prefill graph replay before the
+    scheduler's next forward), from the trace in the order it was written."""
+    with open(trace_path) as lines:
+        events = [json.loads(line) for line in lines]
+    carried, unreplayed, pending = 0, 0, {}
+    for event in events:
+        pid = event["pid"]
+        if event["event"] == "deepstack":
+            unreplayed += pending.pop(pid, 0)
+            if event["media_rows"] > 0:
+                carried += 1
+                pending[pid] = 1
+        elif event["event"] == "prefill_graph_replay":
+            pending.pop(pid, None)
+    return carried, unreplayed + sum(pending.values())
 
 
 @pytest.mark.gpu
@@ -63,13 +102,32 @@ def test_prefill_graph_matches_eager_and_replayed(backend, tiny_model_dir, media
         [*gpu_server_args("disabled"), "--json-model-override-args", NO_DEEPSTACK],
     )  # fmt: skip
 
-    replays = trace.read(trace_path, "prefill_graph_replay")
-    media_prefills = [e for e in trace.read(trace_path, "deepstack") if e["media_rows"] > 0]
-    assert len(replays) >= len(media_prefills) > 0, "measured prefills did not replay a graph"
+    carried, unreplayed = media_forwards_without_replay(trace_path)
+    assert carried > 0 and unreplayed == 0, f"{unreplayed} of {carried} forwards with media replayed no graph"
     (allocated,) = trace.read(trace_path, "graph_inputs_allocated")
+    media_prefills = [e for e in trace.read(trace_path, "deepstack") if e["media_rows"] > 0]
     assert {e["data_ptr"] for e in media_prefills} == {allocated["deepstack_ptr"]}
 
     for mine, reference in zip(graph, eager, strict=True):
         assert mine.output_ids == reference.output_ids
         assert max(abs(a - b) for a, b in zip(mine.logprobs, reference.logprobs, strict=True)) < 1e-3
     assert any(a.output_ids != b.output_ids for a, b in zip(eager, no_deepstack, strict=True))
+
+
+def test_replay_check_ties_each_media_forward_to_a_replay(tmp_path):
+    """CPU: the trace check above, on written traces (two scheduler processes interleaved)."""
+
+    def write(*events):
+        path = tmp_path / "trace.jsonl"
+        path.write_text("".join(json.dumps({"event": e, "pid": pid, "media_rows": rows}) + "\n"
+                                for e, pid, rows in events))  # fmt: skip
+        return path
+
+    replayed = write(("deepstack", 1, 8), ("deepstack", 2, 8), ("prefill_graph_replay", 2, 0),
+                     ("prefill_graph_replay", 1, 0), ("deepstack", 1, 0), ("deepstack", 1, 4),
+                     ("prefill_graph_replay", 1, 0))  # fmt: skip
+    assert media_forwards_without_replay(replayed) == (3, 0)
+    eager_one = write(("deepstack", 1, 8), ("deepstack", 1, 8), ("prefill_graph_replay", 1, 0))
+    assert media_forwards_without_replay(eager_one) == (2, 1)
+    eager_last = write(("deepstack", 1, 8), ("prefill_graph_replay", 1, 0), ("deepstack", 1, 8))
+    assert media_forwards_without_replay(eager_last) == (2, 1)
