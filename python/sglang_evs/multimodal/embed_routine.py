@@ -67,7 +67,10 @@ def embed_inputs(
 
     if trace.enabled():
         trace.record(
-            "embed_routine", model=type(multimodal_model).__name__, media_rows=[int(f.mask.sum()) for f in fetched]
+            "embed_routine",
+            model=type(multimodal_model).__name__,
+            media_rows=[int(f.mask.sum()) for f in fetched],
+            extend_lens=list(forward_batch.extend_seq_lens_cpu or []) if mode.is_extend() else [],
         )
     post_process = contract_post_process(multimodal_model)
     if post_process is not None:
