@@ -1,8 +1,11 @@
-"""`--tp-size 2` on the CPU route serves the same greedy tokens as `--tp-size 1`, with and without EVS.
+"""`--tp-size 2` on the CPU route serves the same greedy tokens as `--tp-size 1`, with and without EVS, and
+at q = 0 exactly what upstream SGLang serves at `--tp-size 2`.
 
 Text, an image, and 6-group videos (moving, noise and static clips) at q = 0 and q = .75, each on
-servers without and with chunked prefill (64-token chunks cut the videos). Both TP ranks prune with one
-keep-mask (rank 0's, broadcast), seen in the trace.
+servers without and with chunked prefill (64-token chunks cut the videos). The chunked TP = 2 servers
+also run the vision tower data-parallel over the TP ranks (`--mm-enable-dp-encoder`: each rank encodes
+part of the batch's media, then they gather). Both TP ranks prune with one keep-mask (rank 0's,
+broadcast), seen in the trace.
 
 The static clip's EVS scores after its first group are all rounding noise (its frames are the same
 picture), so which 50 of its 500 tied tokens are kept depends on the last bits of the vision tower's
@@ -16,7 +19,7 @@ import pytest
 
 from sglang_evs import trace
 from sglang_evs.testing import media
-from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, generate, media_kwargs
+from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs
 from sglang_evs.testing.server import running_server
 
 pytestmark = pytest.mark.slow
@@ -46,38 +49,54 @@ def requests_to_compare(scale_media) -> dict[str, dict]:
     return cases
 
 
-def serve_all(server, cases: dict[str, dict]) -> dict[str, tuple[list[int], int]]:
+def serve_all(server, cases: dict[str, dict]) -> dict[str, Generation]:
     out = {}
     for name, case in cases.items():
         case = dict(case)
-        served = generate(server.base_url, case.pop("prompt"), max_new_tokens=12, **case)[0]
-        out[name] = (served.output_ids, served.prompt_tokens)
+        out[name] = generate(server.base_url, case.pop("prompt"), max_new_tokens=12, **case)[0]
     return out
 
 
-@pytest.fixture(scope="module", params=[None, 64], ids=["whole-prefill", "chunked-64"])
+def served_tokens(results: dict[str, Generation]) -> dict[str, tuple[list[int], int]]:
+    return {name: (out.output_ids, out.prompt_tokens) for name, out in results.items()}
+
+
+UNPRUNED = ("text", "image q=0.0", "moving video q=0.0", "noise video q=0.0", "static video q=0.0")
+
+
+@pytest.fixture(scope="module", params=[None, 64], ids=["whole-prefill", "chunked-64-dp-encoder"])
 def served(request, tiny_model_dir, tmp_path_factory, scale_media):
-    """Greedy tokens of every case from a TP=1 and a TP=2 server (one after the other), and the TP=2
-    server's log and trace."""
+    """Every case from a TP=1 and a TP=2 server, the q = 0 cases from upstream at TP=2 (one server after
+    the other), and the TP=2 server's log and trace."""
     chunk = request.param
     args = ["--dtype", "float32"] + (["--chunked-prefill-size", str(chunk)] if chunk else [])
+    tp2 = ["--tp-size", "2"] + (["--mm-enable-dp-encoder"] if chunk else [])
     cases = requests_to_compare(scale_media)
-    results, logs = {}, {}
     folder = tmp_path_factory.mktemp(f"tp_{chunk}")
-    for tp in (1, 2):
-        trace_path = folder / f"trace-tp{tp}.jsonl"
-        env = {trace.ENV: str(trace_path)}
-        with running_server(tiny_model_dir, folder / f"tp{tp}.log", [*args, "--tp-size", str(tp)], env) as server:
-            results[tp] = serve_all(server, cases)
-            logs[tp] = server.log()
+    plans = {
+        1: (["--tp-size", "1"], {trace.ENV: str(folder / "trace-tp1.jsonl")}, cases),
+        2: (tp2, {trace.ENV: str(folder / "trace-tp2.jsonl")}, cases),
+        "upstream": (tp2, {"SGLANG_PLUGINS": "none"}, {name: cases[name] for name in UNPRUNED}),
+    }
+    results, logs = {}, {}
+    for name, (extra, env, sent) in plans.items():
+        with running_server(tiny_model_dir, folder / f"tp-{name}.log", [*args, *extra], env) as server:
+            results[name] = serve_all(server, sent)
+            logs[name] = server.log()
     return {"results": results, "log": logs[2], "trace": folder / "trace-tp2.jsonl", "chunk": chunk}
 
 
 TIE_BOUND = "static video q=0.75"  # every score after group 0 within rounding noise (module docstring)
 
 
+def test_tp2_at_q0_is_bit_identical_to_upstream_tp2(served):
+    upstream, ours = served["results"]["upstream"], served["results"][2]
+    for name in UNPRUNED:
+        assert ours[name] == upstream[name], name  # tokens, every logprob and top-5 logprob, prompt length
+
+
 def test_tp2_greedy_tokens_equal_tp1(served):
-    tp1, tp2 = served["results"][1], served["results"][2]
+    tp1, tp2 = served_tokens(served["results"][1]), served_tokens(served["results"][2])
     assert tp1.keys() == tp2.keys()
     for name in tp1.keys() - {TIE_BOUND}:
         assert tp2[name] == tp1[name], name
