@@ -57,6 +57,9 @@ def test_a_request_that_asks_for_pruning_is_refused_under_speculative_decoding()
         ({"speculative_algorithm": "NEXTN"}, "speculative decoding"),
         ({"encoder_only": True}, "encoder disaggregation (--encoder-only)"),
         ({"language_only": True}, "encoder disaggregation (--language-only)"),
+        ({"disaggregation_mode": "null"}, None),
+        ({"disaggregation_mode": "prefill"}, "prefill/decode disaggregation (--disaggregation-mode prefill)"),
+        ({"disaggregation_mode": "decode"}, "prefill/decode disaggregation (--disaggregation-mode decode)"),
     ],
 )
 def test_conflicting_setup_names_what_pruning_cannot_run_with(server_args, conflict):

@@ -69,10 +69,15 @@ def conflicting_setup(server_args) -> str | None:
     - speculative decoding: its draft and verify steps know nothing of pruned positions;
     - encoder disaggregation: a `--language-only` server takes its media embeddings from an
       `--encoder-only` one, unpruned, and lays the prompt out from the grid alone, so neither the
-      pruned layout nor the keep-mask would be built (a request's rate would be silently ignored).
+      pruned layout nor the keep-mask would be built (a request's rate would be silently ignored);
+    - prefill/decode disaggregation: never run with pruning (SGLang's KV transfer engines need RDMA or a
+      GPU; its prefill server refuses the test backend), so not proven exact.
     """
     if getattr(server_args, "speculative_algorithm", None) is not None:
         return "speculative decoding"
+    mode = getattr(server_args, "disaggregation_mode", "null")
+    if mode in ("prefill", "decode"):
+        return f"prefill/decode disaggregation (--disaggregation-mode {mode})"
     return next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
 
 
