@@ -9,10 +9,12 @@ through `sglang_evs.bench.inprocess`), with the plugin loaded. Capture follows `
     runner's own `_get_layer_model_positions` and `_build_layer_model_forward_kwargs`
     on a fresh text-only extend batch whose `input_embeds` is the static slot;
   - two warm-up calls, then one recorded by `CpuGraph` (the CUDA graph's stand-in).
-Replay follows the full backend, the stricter of the two: the outer forward's work
-(here the model's `post_process` and the scatter of the main channels, as the embedding
-routine does it) runs eagerly on a *different*, live batch, the live embeddings are
-copied into the static slot, and the recording replays. No Python of the model runs.
+Capture is at a graph bucket (`CAPTURE_TOKENS`) larger than the live batches (`NUM_TOKENS`), so
+every replay has padding rows, as a real one does. Replay follows the full backend, the stricter
+of the two: the outer forward's work (here the model's `post_process` and the scatter of the main
+channels, as the embedding routine does it) runs eagerly on a *different*, live batch, the live
+embeddings are copied into the static slot (its padding rows zeroed), and the recording replays.
+No Python of the model runs.
 Each scenario's replayed hidden states are compared with an eager forward of the same
 inputs, and with eager forwards missing what the scenario is about.
 """
@@ -25,7 +27,8 @@ import torch
 
 from sglang_evs.testing.cpu_graph import CpuGraph
 
-NUM_TOKENS = 40
+NUM_TOKENS = 40  # a live batch
+CAPTURE_TOKENS = 64  # the graph bucket it is padded to
 GRAPH_BUCKETS = [64, 768]  # the largest above max_prefill_tokens: the buffers must cover it
 
 
@@ -57,7 +60,7 @@ class Harness:
         self.body = pcg._resolve_transformer_layer_model(self.model)
         self.pcg = pcg
         self.hidden = self.model.config.hidden_size
-        self.token_ids = [7 + (i * 13) % 300 for i in range(NUM_TOKENS)]
+        self.token_ids = [7 + (i * 13) % 300 for i in range(CAPTURE_TOKENS)]
 
     def context(self, forward_batch):
         from contextlib import ExitStack
@@ -74,7 +77,7 @@ class Harness:
 
     def capture(self) -> None:
         batch = extend_batch(self.runner, self.token_ids)
-        batch.input_embeds = torch.zeros(NUM_TOKENS, self.hidden)  # the runner's static slot
+        batch.input_embeds = torch.zeros(CAPTURE_TOKENS, self.hidden)  # the runner's static slot
         runner_view = SimpleNamespace(enable_cp_bcg_capture=False, model_runner=self.runner)
         positions = self.pcg.PrefillCudaGraphRunner._get_layer_model_positions(runner_view, batch)
         kwargs = self.pcg._build_layer_model_forward_kwargs(self.body, batch, None)
@@ -98,16 +101,18 @@ class Harness:
         return embeds
 
     def replayed(self, positions, text_embeds, fetched, requests) -> torch.Tensor:
-        batch = extend_batch(self.runner, self.token_ids)  # the live batch: its own tensors
+        """The live batch's rows of a replay (the causal graph's first NUM_TOKENS rows see no padding)."""
+        batch = extend_batch(self.runner, self.token_ids[:NUM_TOKENS])  # the live batch: its own tensors
         batch.mrope_positions = positions.clone()
         with torch.no_grad():
             embeds = self.routine_tail(batch, text_embeds, fetched, requests)
-            self.static_embeds.copy_(embeds)
+            self.static_embeds.zero_()
+            self.static_embeds[:NUM_TOKENS].copy_(embeds)
             self.graph.replay()
-        return self.static_out.clone()
+        return self.static_out[:NUM_TOKENS].clone()
 
     def eager(self, positions, text_embeds, fetched, requests) -> torch.Tensor:
-        batch = extend_batch(self.runner, self.token_ids)
+        batch = extend_batch(self.runner, self.token_ids[:NUM_TOKENS])
         batch.mrope_positions = positions.clone()
         with torch.no_grad(), self.context(batch):
             embeds = self.routine_tail(batch, text_embeds, fetched, requests)
@@ -199,6 +204,7 @@ def main() -> None:
     }
     text = torch.randn(NUM_TOKENS, harness.hidden, generator=torch.Generator().manual_seed(1))
     no_media = [(None, 0, NUM_TOKENS)]
+    text_only_reference = harness.eager(text_positions(), text, [], no_media)  # before any media was seen
 
     # 1. Deepstack: an image's rows with their deepstack channels, on a live batch.
     image = fetched_image(harness, slice(6, 30), seed=2)
@@ -214,10 +220,15 @@ def main() -> None:
     if graph_inputs is not None:
         report["deepstack_ptr_after_forwards"] = graph_inputs.deepstack.data_ptr()
 
-    # 2. A text-only prefill after the image: the graph must add zeros, not the image's rows.
+    # 2. A text-only prefill right after an image's replay: the graph must add zeros, not the image's
+    # rows, which the buffer holds at that moment.
+    harness.replayed(text_positions(), text, image, no_media)
+    stale_rows = None if graph_inputs is None else int(graph_inputs.deepstack.abs().sum(dim=1).gt(0).sum())
     replayed = harness.replayed(text_positions(), text, [], no_media)
-    eager = harness.eager(text_positions(), text, [], no_media)
-    report["text_after_image"] = {"replay_vs_eager": (replayed - eager).abs().max().item()}
+    report["text_after_image"] = {
+        "deepstack_rows_before": stale_rows,
+        "replay_vs_fresh_text_reference": (replayed - text_only_reference).abs().max().item(),
+    }
 
     # 3. Positions the live batch carries (not the capture batch's).
     replayed = harness.replayed(irregular_positions(4), text, [], no_media)
