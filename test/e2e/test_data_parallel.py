@@ -3,7 +3,7 @@ requests get a single server's tokens and counts, and the Prometheus totals add 
 
 import pytest
 
-from sglang_evs import __version__
+from sglang_evs import __version__, trace
 from sglang_evs.testing import workload
 from sglang_evs.testing.requests import counter_increase, pruning_metrics
 from sglang_evs.testing.server import running_server
@@ -20,12 +20,14 @@ def request_set(tmp_path_factory):
 
 
 def serve(model_dir, log_path, args, request_set) -> dict:
-    with running_server(model_dir, log_path, [*SERVER_ARGS, *args]) as server:
+    env = {trace.ENV: str(log_path.with_name("trace.jsonl"))}
+    with running_server(model_dir, log_path, [*SERVER_ARGS, *args], env=env) as server:
         before = pruning_metrics(server.base_url)
         results = workload.send_concurrently(server.base_url, request_set)
         after = pruning_metrics(server.base_url)
         log = server.log()
-    return {"results": results, "metrics": counter_increase(before, after), "log": log}
+    return {"results": results, "metrics": counter_increase(before, after), "log": log,
+            "keep_masks": trace.read(log_path.with_name("trace.jsonl"), "keep_mask")}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +58,11 @@ def test_pruning_counts_per_request_and_in_prometheus_add_up(single, replicated,
     assert replicated["metrics"] == totals == workload.pruning_totals(single["results"])
 
 
-def test_both_replicas_served_and_the_plugin_loaded_in_each(replicated):
+def test_both_replicas_pruned_and_the_plugin_loaded_in_each(replicated):
     log = replicated["log"]
     announced = [line for line in log.splitlines() if f"sglang-evs {__version__} plugin loaded" in line]
     schedulers = {line.split("pid ")[1].split(",")[0] for line in announced if "in run_scheduler_process" in line}
     assert len(schedulers) == 2
     assert any("in run_data_parallel_controller_process" in line for line in announced)
-    assert "DP0" in log and "DP1" in log  # both replicas logged batches
+    pruning_schedulers = {str(event["pid"]) for event in replicated["keep_masks"]}
+    assert pruning_schedulers == schedulers  # each replica computed keep-masks for videos it served

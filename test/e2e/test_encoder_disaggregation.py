@@ -62,9 +62,12 @@ def test_at_q0_the_pair_serves_as_one_server(pair, single, files):
     assert "/encode completed" in encoded and "modality=VIDEO" in encoded and "modality=IMAGE" in encoded
 
 
-def test_a_request_asking_for_pruning_gets_400_and_the_pair_serves_on(pair, single, files):
+def test_a_request_asking_for_pruning_gets_400_and_the_pair_serves_on(pair, single, files, tmp_path):
     encoder, language = pair
+    fresh = media.write_image(tmp_path / "fresh.png", seed=77)  # new pixels: the encoder must encode them
+    generate(language.base_url, chat_prompt(IMAGE), **media_kwargs(images=[fresh]), max_new_tokens=1)
     encodes_before = encoder.log().count("/encode completed")
+    assert encodes_before > 0  # the log counts encodes: an unchanged count below means nothing was sent
     with pytest.raises(RuntimeError, match=r"answered 400.*video_pruning_rate=0\.5.*" + r"\(--language-only\)"):
         answers(language.base_url, files, mm_processor_kwargs={"video_pruning_rate": 0.5})
     chat = {

@@ -1,4 +1,5 @@
-"""The offline `sglang.Engine` serves an image and a video on the tiny model."""
+"""The offline `sglang.Engine` serves an image and a video on the tiny model, pruning the video at the rate
+the engine was given (`json_model_override_args`, as for a server)."""
 
 import json
 import os
@@ -22,6 +23,7 @@ ENGINE_SCRIPT = textwrap.dedent(
         engine = sgl.Engine(
             model_path=model, device="cpu", attention_backend="torch_native",
             max_total_tokens=16384, dtype="float32", log_level="error",
+            json_model_override_args='{"video_pruning_rate": 0.75}',
         )
         prompt = (
             "<|im_start|>user\\n<|vision_start|>{}<|vision_end|>Describe this.<|im_end|>\\n"
@@ -50,5 +52,8 @@ def test_engine_image_and_video(tiny_model_dir, media_dir, tmp_path):
     result_line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
     image_meta, video_meta = json.loads(result_line.removeprefix("RESULT "))
     assert image_meta["completion_tokens"] == 8 and image_meta["image_tokens"] == 64
-    assert video_meta["completion_tokens"] == 8 and video_meta["prompt_tokens"] > 200
+    assert video_meta["completion_tokens"] == 8
+    # 2 temporal groups of 100 tokens: EVS keeps max(one group, 25 %) = 100
+    assert (video_meta["video_tokens_before_pruning"], video_meta["video_tokens_after_pruning"]) == (200, 100)
+    assert video_meta["video_pruning_method"] == "evs" and video_meta["video_pruning_rate"] == 0.75
     assert "run_scheduler_process" in done.stderr  # the plugin announced itself in the scheduler

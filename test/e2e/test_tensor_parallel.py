@@ -18,6 +18,7 @@ from collections import defaultdict
 import pytest
 
 from sglang_evs import trace
+from sglang_evs.pruning.videos import PERTURB_MASKS_ENV
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs
 from sglang_evs.testing.server import running_server
@@ -75,7 +76,8 @@ def served(request, tiny_model_dir, tmp_path_factory, scale_media):
     folder = tmp_path_factory.mktemp(f"tp_{chunk}")
     plans = {
         1: (["--tp-size", "1"], {trace.ENV: str(folder / "trace-tp1.jsonl")}, cases),
-        2: (tp2, {trace.ENV: str(folder / "trace-tp2.jsonl")}, cases),
+        # rank 1 inverts its own masks before the ranks agree (PERTURB_MASKS_ENV): rank 0's must win
+        2: (tp2, {trace.ENV: str(folder / "trace-tp2.jsonl"), PERTURB_MASKS_ENV: "1"}, cases),
         "upstream": (tp2, {"SGLANG_PLUGINS": "none"}, {name: cases[name] for name in UNPRUNED}),
     }
     results, logs = {}, {}
@@ -104,15 +106,18 @@ def test_tp2_greedy_tokens_equal_tp1(served):
     assert tp1["moving video q=0.75"][1] == tp1["moving video q=0.0"][1] - (600 - 150)  # EVS pruned 450
 
 
-def test_both_tp_ranks_prune_with_the_same_mask(served):
-    by_item = defaultdict(dict)
+def test_both_tp_ranks_prune_with_rank_0s_mask(served):
+    """Rank 1 computed the inverse of each mask (test-only perturbation); both ranks kept rank 0's."""
+    by_item, differed = defaultdict(dict), defaultdict(dict)
     for event in trace.read(served["trace"], "keep_mask"):
         by_item[event["item"]][event["pid"]] = event["kept"]
+        differed[event["item"]][event["pid"]] = event["own_differed"]
     assert by_item, "no keep-mask was traced"
-    for masks in by_item.values():
+    for item, masks in by_item.items():
         assert len(masks) == 2  # one per TP rank
         first, second = masks.values()
         assert first == second and len(first) == 150
+        assert sorted(differed[item].values()) == [False, True]  # rank 1's own mask lost to rank 0's
     assert len(by_item) == 3  # the three clips at q = .75
 
 

@@ -7,7 +7,6 @@ Qwen3-VL: exact counts, an HF oracle, chunked prefill and radix hits, mixed medi
 
 import asyncio
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from sglang_evs.testing.requests import (
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
+from sglang_evs.testing.workload import send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
@@ -91,7 +91,7 @@ def test_our_adapter_serves_with_fixed_buffers(served):
 
 @pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.75, 0.9])
 def test_prompt_tokens_drop_by_exactly_the_pruned_count(served, clips, q):
-    _, _, server, _ = served
+    _, _, server, trace_path = served
     unpruned = video(server, clips["moving"], 0.0)
     tokens = unpruned.meta["video_tokens"]
     per_group = tokens // GROUPS
@@ -118,8 +118,8 @@ def test_images_are_never_pruned(served, media_dir):
 def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served, clips, media_dir):
     """Video then image and image then video (vLLM's Qwen2.5-VL EVS crashed on the first: vLLM issue
     27859), two videos, and a batch of 8 concurrent mixed requests, one of them with two videos that
-    are not pruned (SGLang keeps those in one item)."""
-    _, _, server, _ = served
+    are not pruned (SGLang keeps those in one item). Each alone, then all at once from an empty cache."""
+    _, _, server, trace_path = served
     image, image2 = media_dir / "image.png", media_dir / "image2.png"
     cases = [
         (chat_prompt(VIDEO, IMAGE), media_kwargs(images=[image], videos=[clips["moving"]]), 0.75),
@@ -135,9 +135,12 @@ def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served
         ),
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]]), 0.75),
     ]
-    alone = [generate(server.base_url, p, **kw, **rate(q))[0] for p, kw, q in cases]
-    with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda c: generate(server.base_url, c[0], **c[1], **rate(c[2]))[0], cases))
+    alone = []
+    for prompt, kwargs, q in cases:
+        flush_cache(server.base_url)
+        alone.append(generate(server.base_url, prompt, **kwargs, **rate(q))[0])
+    together, (shared_forwards, cached, prompt_tokens) = send_together(server.base_url, cases, trace_path)
+    assert shared_forwards > 0 and cached < prompt_tokens // 4, (shared_forwards, cached, prompt_tokens)
     for one, many in zip(alone, together, strict=True):
         assert many.prompt_tokens == one.prompt_tokens
         assert_same_generation(many, one, "batched vs alone")
@@ -152,7 +155,7 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(architecture, clips, 
          media_kwargs(images=[media_dir / "image.png"], videos=[clips["noise"], clips["moving"]])),
     ]  # fmt: skip
     args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
-    results = served_in_chunks(model_dir, cases, (None, 7, 50, 97), args, tmp_path)
+    results = served_in_chunks(model_dir, cases, (None, 7, 50), args, tmp_path)
     assert_chunks_equal(results, results[None][0], architecture)
 
 
@@ -168,12 +171,14 @@ def hf(model_dir: str):
 
 
 def hf_pruned_greedy(
-    model_dir: Path, clip: Path, q: float, steps: int = 8, mask_oracle=keep_mask, shift_text_back: bool = False
-) -> HFReference:
+    model_dir: Path, clip: Path, q: float, steps: int = 8, mask_oracle=keep_mask, shift_text_back: bool = False,
+    shift_from_video: int = 0,
+) -> HFReference:  # fmt: skip
     """Transformers' own processor, vision tower, `get_rope_index` (with `second_per_grid_ts` for
     Qwen2.5-VL) and language model; the pruned pads' rows deleted from its tokens and positions.
-    ``shift_text_back`` is the control: the text after the video moved back by the pruned count,
-    as a rule that renumbers the compacted sequence would place it."""
+    Two controls: ``shift_text_back``, the text after the video moved back by the pruned count, as a
+    rule that renumbers the compacted sequence would place it; ``shift_from_video``, every token from
+    the video's first pad on (generated ones too) moved by that many positions (a one-position error)."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
 
@@ -197,8 +202,9 @@ def hf_pruned_greedy(
         pruned = int((~keep).sum())
         if shift_text_back:
             positions[:, :, torch.arange(len(ids)) > int(is_pad.nonzero().max())] -= pruned
+        positions[:, :, torch.arange(len(ids)) >= int(is_pad.nonzero().min())] += shift_from_video
         embeds, positions = embeds[keep], positions[:, :, keep]
-        offset = int(delta) + (0 if shift_text_back else pruned)
+        offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
         tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps)
     return HFReference(tokens, int(keep.sum()), logprobs)
 
@@ -231,14 +237,19 @@ def test_greedy_tokens_and_logprobs_equal_hf_oracle(served, clips, q, clip):
     assert_masks_agree_up_to_ties(seen["served"], *seen["args"])
 
 
-def test_the_tolerance_tells_an_inexact_position_rule(served, clips):
+def test_the_tolerance_tells_an_inexact_position_rule_and_a_one_position_error(served, clips):
     architecture, model_dir, server, trace_path = served
     clip = unseen_clip(trace_path, "moving", "control")
     reply = video(server, clip, 0.75)
-    control = hf_pruned_greedy(model_dir, clip, 0.75, mask_oracle=served_mask(trace_path),
-                               shift_text_back=True)  # fmt: skip
-    worst = max(abs(a - b) for a, b in zip(reply.logprobs, control.logprobs, strict=True))
-    assert worst > 10 * HF_TOLERANCE[architecture]
+    mask = served_mask(trace_path)
+    renumbered = hf_pruned_greedy(model_dir, clip, 0.75, mask_oracle=mask, shift_text_back=True)
+    assert logprob_gap(reply, renumbered) > 10 * HF_TOLERANCE[architecture]
+    one_off = hf_pruned_greedy(model_dir, clip, 0.75, mask_oracle=mask, shift_from_video=1)
+    assert logprob_gap(reply, one_off) > HF_TOLERANCE[architecture]
+
+
+def logprob_gap(served, reference: HFReference) -> float:
+    return max(abs(a - b) for a, b in zip(served.logprobs, reference.logprobs, strict=True))
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.25])

@@ -14,7 +14,6 @@ Qwen3.5 through the same mechanism as EVS: the plugin servers also answer reques
 
 import asyncio
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -31,11 +30,13 @@ from sglang_evs.testing.requests import (
     Generation,
     chat_prompt,
     counter_increase,
+    flush_cache,
     generate,
     media_kwargs,
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
+from sglang_evs.testing.workload import send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
@@ -119,6 +120,7 @@ class Served:
     cache_keys: list[Generation] = field(default_factory=list)  # unseen clip at .25, .25, .75
     mixed_alone: list[Generation] = field(default_factory=list)
     mixed_together: list[Generation] = field(default_factory=list)
+    mixed_prefill: tuple[int, int, int] = (0, 0, 0)  # workload.prefilled_together of the concurrent round
     bad: list[tuple[int, str]] = field(default_factory=list)
     after_bad: list[Generation] = field(default_factory=list)
     metrics_delta: dict[str, float] = field(default_factory=dict)
@@ -162,9 +164,10 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         unseen = media.write_clip(out / "unseen.mp4", "noise", num_frames=16, fps=4, seed=11)
         served.cache_keys = [video(url, unseen, q) for q in (0.25, 0.25, 0.75)]
         mixed = mixed_cases(clips, media_dir)
-        served.mixed_alone = [generate(url, p, **kw, **rate(q))[0] for p, kw, q in mixed]
-        with ThreadPoolExecutor(len(mixed)) as pool:
-            served.mixed_together = list(pool.map(lambda c: generate(url, c[0], **c[1], **rate(c[2]))[0], mixed))
+        for prompt, kwargs, q in mixed:
+            flush_cache(url)
+            served.mixed_alone.append(generate(url, prompt, **kwargs, **rate(q))[0])
+        served.mixed_together, served.mixed_prefill = send_together(url, mixed, served.trace_path)
         for bad in BAD_RATES:
             reply = requests.post(
                 f"{url}/generate",
@@ -285,6 +288,8 @@ def test_the_rate_is_part_of_the_cache_key(served, arch):
 
 def test_mixed_media_batched_equal_each_request_alone(served, arch):
     got = served[arch]
+    shared_forwards, cached, prompt_tokens = got.mixed_prefill
+    assert shared_forwards > 0 and cached < prompt_tokens // 4, got.mixed_prefill  # batched, not cache hits
     for one, many in zip(got.mixed_alone, got.mixed_together, strict=True):
         assert many.prompt_tokens == one.prompt_tokens
         assert_same_generation(many, one, "batched vs alone")
@@ -317,12 +322,14 @@ def hf(model_dir: str):
 
 
 def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Path | None = None, q: float = 0.0,
-              steps: int = 8, keep_mask=evs_keep_mask, shift_text_back: bool = False) -> HFReference:  # fmt: skip
+              steps: int = 8, keep_mask=evs_keep_mask, shift_text_back: bool = False,
+              shift_from_video: int = 0) -> HFReference:  # fmt: skip
     """Transformers' own processor, vision tower, `get_rope_index` and language model; a video's
     pruned pads (`keep_mask(rows, grid, m, q)`, an oracle written here) deleted from its tokens and
     positions (the reference rule), the decode offset grown by their count. `shift_text_back` is the
     control: the text after the video moved back by the pruned count, as a rule that renumbers the
-    compacted sequence would place it."""
+    compacted sequence would place it; `shift_from_video` another: every token from the video's first
+    pad on (generated ones too) moved by that many positions (a one-position error)."""
     from PIL import Image
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
@@ -354,8 +361,10 @@ def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Pat
         pruned = int((~keep).sum())
         if shift_text_back:
             positions[:, :, torch.arange(len(ids)) > int(is_pad.nonzero().max())] -= pruned
+        if shift_from_video:
+            positions[:, :, torch.arange(len(ids)) >= int(is_pad.nonzero().min())] += shift_from_video
         embeds, positions = embeds[keep], positions[:, :, keep]
-        offset = int(delta) + (0 if shift_text_back else pruned)
+        offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
         tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps)
     return HFReference(tokens, int(keep.sum()), logprobs)
 
@@ -389,6 +398,8 @@ def test_the_hf_oracle_tells_an_inexact_position_rule(served, arch, clips, reque
     model_dir = request.getfixturevalue(ARCHITECTURES[arch])
     control = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips["moving"], q=0.75, shift_text_back=True)
     assert logprob_gap(served[arch].evs["moving", 0.75], control) > 100 * HF_LOGPROB_TOLERANCE
+    one_off = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips["moving"], q=0.75, shift_from_video=1)
+    assert logprob_gap(served[arch].evs["moving", 0.75], one_off) > HF_LOGPROB_TOLERANCE  # a one-position error
 
 
 # --- VidCom2, the second method, through the same mechanism

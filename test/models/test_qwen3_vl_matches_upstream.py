@@ -74,8 +74,9 @@ def served(tiny_model_dir, media_dir, tmp_path_factory):
     out: dict = {"trace": {}}
     for config, extra in (("single_chunk", []), ("chunked", CHUNKED)):
         for plugin in ("on", "off"):
-            trace_path = work / f"trace-{config}.jsonl"
-            env = {"SGLANG_EVS_TRACE": str(trace_path)} if plugin == "on" else {"SGLANG_PLUGINS": "none"}
+            # Both servers are traced: a plugin loaded anywhere in the upstream server would write events.
+            trace_path = work / f"trace-{config}-{plugin}.jsonl"
+            env = {"SGLANG_EVS_TRACE": str(trace_path), **({} if plugin == "on" else {"SGLANG_PLUGINS": "none"})}
             log = work / f"server-{config}-{plugin}.log"
             with running_server(tiny_model_dir, log, ["--dtype", "float32", *extra], env=env) as server:
                 out[config, plugin] = run_all(server.base_url, media_dir, names)
@@ -84,6 +85,8 @@ def served(tiny_model_dir, media_dir, tmp_path_factory):
                 out["log", config, plugin] = server.log()
             if plugin == "on":
                 out["trace"][config] = trace_path
+            else:
+                out["upstream trace written", config] = trace_path.exists()
     return out
 
 
@@ -124,7 +127,9 @@ def test_plugin_model_served_and_upstream_did_not(served):
         "Qwen3VLForConditionalGeneration: 2 deepstack levels and M-RoPE positions in fixed buffers"
         in served["log", "single_chunk", "on"]
     )
-    assert "plugin loaded" not in served["log", "single_chunk", "off"]
+    for config in ("single_chunk", "chunked"):
+        assert "plugin loaded" not in served["log", config, "off"]
+        assert served["upstream trace written", config] is False  # no process of it ran the plugin
 
 
 def test_radix_cache_served_the_repeat(served):

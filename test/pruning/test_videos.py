@@ -1,6 +1,9 @@
-"""Keep-masks under tensor parallelism: every rank of a batch uses rank 0's (`agreed_masks`)."""
+"""`PrunedVideos`: keep-masks under tensor parallelism (every rank of a batch uses rank 0's, `agreed_masks`), and a
+forgotten keep-mask computed again by encoding the video again."""
 
 import os
+from collections import OrderedDict
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,7 +12,9 @@ import torch.multiprocessing as mp
 
 from sglang_evs import sglang_compat
 from sglang_evs.evs.methods import EVS
-from sglang_evs.pruning.videos import agreed_masks
+from sglang_evs.multimodal.contract import BatchLayout
+from sglang_evs.pruning.fields import METHOD, RATE, REGION_IDS, REGION_POSITIONS, region_keep
+from sglang_evs.pruning.videos import PrunedVideos, agreed_masks
 
 
 class GlooGroup:
@@ -80,3 +85,51 @@ def test_masks_come_back_as_bool_of_the_same_lengths(masks):
     agreed = agreed_masks(masks, Echo())
     assert [m.dtype for m in agreed] == [torch.bool] * len(masks)
     assert [m.tolist() for m in agreed] == [m.tolist() for m in masks]
+
+
+class VideoItem:
+    """The part of SGLang's MultimodalDataItem that `PrunedVideos` reads, for one pruned video."""
+
+    def __init__(self, region_ids: torch.Tensor, grid: list[int], rate: float, start: int) -> None:
+        self.video_grid_thw = torch.tensor([grid])
+        self.hash = 1234
+        self.offsets = [(start, start + len(region_ids) - 1)]
+        positions = torch.arange(len(region_ids)).expand(3, -1) * torch.tensor([[1], [2], [3]])
+        self.model_specific_data = {METHOD: "evs", RATE: rate, REGION_IDS: region_ids, REGION_POSITIONS: positions}
+
+    def is_video(self) -> bool:
+        return True
+
+
+def test_a_forgotten_keep_mask_is_computed_again_by_encoding_the_video_again():
+    """An embedding-cache hit long after encoding: the mask was evicted, so writing the positions of a
+    later chunk sends the video through the encoder again, and the mask and positions are the same."""
+    video_token = 9
+    region_ids = torch.tensor([video_token] * 4 + [5] + [video_token] * 4)  # 2 groups of 2x2 pads, a framing token
+    rows = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    encoded = []
+
+    def encode(items):
+        encoded.append(len(items))
+        return rows
+
+    videos = PrunedVideos.__new__(PrunedVideos)
+    videos.video_token_id, videos.spatial_merge_size = video_token, 1
+    videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), encode
+    videos.masks, videos.rank_group = OrderedDict(), None
+    item = VideoItem(region_ids, [2, 2, 2], 0.5, start=3)
+
+    videos.features([item])
+    first_mask = videos.masks[item.hash].clone()
+    kept = int(region_keep(region_ids, video_token, first_mask).sum())
+    layout = BatchLayout(SimpleNamespace(), torch.zeros(3 + kept, dtype=torch.int64),
+                         [(SimpleNamespace(mm_items=[item]), 0, 3 + kept)])  # fmt: skip
+    remembered = torch.zeros(3, 3 + kept, dtype=torch.int64)
+    videos.write_positions(layout, remembered)
+
+    videos.masks.clear()  # forgotten
+    again = torch.zeros(3, 3 + kept, dtype=torch.int64)
+    videos.write_positions(layout, again)
+    assert encoded == [1, 1]  # encoded a second time
+    assert torch.equal(videos.masks[item.hash], first_mask)
+    assert torch.equal(again, remembered) and again[:, 3:].any()

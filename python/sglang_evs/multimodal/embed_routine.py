@@ -71,6 +71,7 @@ def embed_inputs(
             model=type(multimodal_model).__name__,
             media_rows=[int(f.mask.sum()) for f in fetched],
             extend_lens=list(forward_batch.extend_seq_lens_cpu or []) if mode.is_extend() else [],
+            media_requests=sum(mm is not None for mm in forward_batch.mm_inputs or []) if carries_media else 0,
         )
     post_process = contract_post_process(multimodal_model)
     if post_process is not None:

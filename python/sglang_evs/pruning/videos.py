@@ -31,6 +31,10 @@ from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import METHOD, RATE, REGION_IDS, REGION_POSITIONS, is_pruned, region_keep
 from sglang_evs.pruning.settings import server_pruning
 
+# Tests only: every rank but rank 0 of a batch group inverts the keep-masks it computed, before the ranks
+# agree on rank 0's; the trace then shows that the agreement, not equal inputs, decided what was kept.
+PERTURB_MASKS_ENV = "SGLANG_EVS_TEST_PERTURB_MASKS"
+
 
 def encoder_patch_budget(device: torch.device) -> int:
     """Most patches per vision-tower call when videos are batched across requests (0: no limit).
@@ -70,12 +74,16 @@ class PrunedVideos:
         start = time.perf_counter()
         rows_per_item = encoded.split([n // merge**2 for n in patches])
         pruned = [(item, rows) for item, rows in zip(items, rows_per_item, strict=True) if is_pruned(item)]
-        masks = agreed_masks([self._keep_mask(item, rows) for item, rows in pruned], self.rank_group)
+        own = [self._keep_mask(item, rows) for item, rows in pruned]
+        if os.environ.get(PERTURB_MASKS_ENV) and self.rank_group is not None and self.rank_group.rank_in_group:
+            own = [~mask for mask in own]
+        masks = agreed_masks(own, self.rank_group)
         filled = {}
-        for (item, rows), mask in zip(pruned, masks, strict=True):
+        for (item, rows), mask, own_mask in zip(pruned, masks, own, strict=True):
             self._remember(item.hash, mask)
             if trace.enabled():
-                trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist())
+                trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist(),
+                             own_differed=not torch.equal(own_mask, mask))  # fmt: skip
             filled[id(item)] = self._fill_region(item, rows, mask)
         out = [filled.get(id(item), rows) for item, rows in zip(items, rows_per_item, strict=True)]
         if trace.enabled():

@@ -9,12 +9,14 @@ from typing import TypeVar
 
 import requests
 
+from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
     Generation,
     chat_prompt,
+    flush_cache,
     generate,
     media_kwargs,
     per_request_rate,
@@ -140,3 +142,31 @@ def pruning_totals(generations: Sequence[Generation]) -> dict[str, int]:
         "video_tokens_after_pruning": sum(m["video_tokens_after_pruning"] for m in pruned),
         "pruned_videos": len(pruned),
     }
+
+
+def send_together(
+    base_url: str, cases: Sequence[tuple[str, dict, float]], trace_path: Path, attempts: int = 4
+) -> tuple[list[Generation], tuple[int, int, int]]:
+    """(prompt, media kwargs, pruning rate) cases sent at once, one HTTP request each, from an empty radix
+    cache, until the trace shows a prefill forward that held the media of two of them or more (at most
+    `attempts` rounds: SGLang hands requests to its scheduler as their media are processed, and an idle
+    scheduler prefills each as it arrives, so whether two meet in one forward is a matter of timing).
+    The last round's replies in the order of `cases`, and its `prefilled_together`."""
+    for _ in range(attempts):
+        flush_cache(base_url)
+        forwards_before = len(trace.read(trace_path, "embed_routine")) if trace_path.exists() else 0
+        with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+            replies = list(pool.map(lambda c: generate(base_url, c[0], **c[1], **per_request_rate(c[2]))[0], cases))
+        batched = prefilled_together(trace_path, forwards_before, replies)
+        if batched[0] > 0:
+            break
+    return replies, batched
+
+
+def prefilled_together(trace_path, forwards_before: int, generations: Sequence[Generation]) -> tuple[int, int, int]:
+    """How a concurrent round was prefilled, for asserting it was batched rather than served from the radix
+    cache: (forwards after the first `forwards_before` `embed_routine` trace events that held the media of
+    two requests or more, the round's cached prompt tokens, its prompt tokens)."""
+    forwards = trace.read(trace_path, "embed_routine")[forwards_before:]
+    shared = sum(1 for event in forwards if event["media_requests"] >= 2)
+    return shared, sum(g.cached_tokens for g in generations), sum(g.prompt_tokens for g in generations)
