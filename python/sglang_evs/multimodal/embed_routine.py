@@ -71,7 +71,7 @@ def embed_inputs(
             model=type(multimodal_model).__name__,
             media_rows=[int(f.mask.sum()) for f in fetched],
             extend_lens=list(forward_batch.extend_seq_lens_cpu or []) if mode.is_extend() else [],
-            media_requests=sum(mm is not None for mm in forward_batch.mm_inputs or []) if carries_media else 0,
+            media_requests=_requests_with_media_in_window(forward_batch) if carries_media else 0,
         )
     post_process = contract_post_process(multimodal_model)
     if post_process is not None:
@@ -153,6 +153,17 @@ def batch_layout(forward_batch: Any, input_ids: torch.Tensor) -> BatchLayout:
         zip(mm_inputs, forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu, strict=True)
     )
     return BatchLayout(forward_batch, input_ids, requests)
+
+
+def _requests_with_media_in_window(forward_batch: Any) -> int:
+    """How many requests of an extend forward have placeholder tokens among the tokens it covers (trace)."""
+    count = 0
+    for mm, prefix, extend in zip(
+        forward_batch.mm_inputs, forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu, strict=True
+    ):
+        spans = [span for item in (mm.mm_items if mm is not None else ()) for span in item.offsets]
+        count += any(start < prefix + extend and end >= prefix for start, end in spans)
+    return count
 
 
 def _cast_features(forward_batch: Any, feature_dtypes: dict[Any, torch.dtype]) -> None:

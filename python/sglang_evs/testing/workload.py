@@ -165,8 +165,8 @@ def send_together(
 
 def prefilled_together(trace_path, forwards_before: int, generations: Sequence[Generation]) -> tuple[int, int, int]:
     """How a concurrent round was prefilled, for asserting it was batched rather than served from the radix
-    cache: (forwards after the first `forwards_before` `embed_routine` trace events that held the media of
-    two requests or more, the round's cached prompt tokens, its prompt tokens)."""
+    cache: (forwards after the first `forwards_before` `embed_routine` trace events whose tokens held
+    placeholders of two requests or more, the round's cached prompt tokens, its prompt tokens)."""
     forwards = trace.read(trace_path, "embed_routine")[forwards_before:]
     shared = sum(1 for event in forwards if event["media_requests"] >= 2)
     return shared, sum(g.cached_tokens for g in generations), sum(g.prompt_tokens for g in generations)
