@@ -176,7 +176,9 @@ TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 def _qwen3_vl_moe_fields() -> Fields:
     fields = _qwen3_vl_fields(PROFILES["tiny"])
-    return Fields({**fields.text, **TINY_MOE, "decoder_sparse_step": 1}, fields.vision)
+    # 2 * 16 != 64: the fused experts are not square, so a loader can tell the released layout from
+    # transformers' own by shape (transformers transposes only when the shapes differ)
+    return Fields({**fields.text, **TINY_MOE, "moe_intermediate_size": 16, "decoder_sparse_step": 1}, fields.vision)
 
 
 def _qwen2_vl_fields() -> Fields:
@@ -478,6 +480,8 @@ def build_tiny_model(
     model.save_pretrained(out, safe_serialization=True)
     if ARCHITECTURES[architecture].sglang_only_deepstack and config.vision_config.deepstack_visual_indexes:
         _add_deepstack_mergers(out / "model.safetensors", config.vision_config, seed)
+    if architecture == "Qwen3VLMoeForConditionalGeneration":
+        _write_released_expert_layout(out / "model.safetensors")
     tokenizer.save_pretrained(out)
     ARCHITECTURES[architecture].processor(tokenizer).save_pretrained(out)
     provenance: dict[str, Any] = {"profile": profile, "seed": seed}
@@ -517,6 +521,19 @@ def _add_deepstack_mergers(weights_file: Path, vision: Any, seed: int) -> None:
             "linear_fc2.bias": torch.zeros(vision.out_hidden_size),
         }
         weights |= {prefix + name: value.to(torch.bfloat16) for name, value in merger.items()}
+    save_file(weights, weights_file, metadata={"format": "pt"})
+
+
+def _write_released_expert_layout(weights_file: Path) -> None:
+    """Released Qwen3-VL-MoE checkpoints store the fused experts input-major (`gate_up_proj` [E, hidden,
+    2 * inter], `down_proj` [E, inter, hidden]); transformers 5.19 saves its own [E, out, in] and
+    transposes released ones on load, and SGLang's loader reads only the released layout."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(weights_file)
+    for name, value in weights.items():
+        if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            weights[name] = value.transpose(1, 2).contiguous()
     save_file(weights, weights_file, metadata={"format": "pt"})
 
 
