@@ -146,17 +146,19 @@ def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served
         assert_same_generation(many, one, "batched vs alone")
 
 
-@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
-def test_chunked_prefill_and_radix_hits_equal_single_chunk(architecture, clips, media_dir, tmp_path, request):
-    model_dir = request.getfixturevalue(ARCHITECTURES[architecture])
+def test_chunked_prefill_and_radix_hits_equal_single_chunk(served, clips, media_dir, tmp_path):
+    """The module's server (SGLang's default chunk size holds each prompt whole) is the reference; 7- and
+    50-token chunks cut inside and at the edges of every video."""
+    architecture, model_dir, server, _ = served
     cases = [
-        (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
+        (chat_prompt(VIDEO), {**media_kwargs(videos=[clips["moving"]]), **rate(0.5)}),
         (chat_prompt(IMAGE, VIDEO, VIDEO),
-         media_kwargs(images=[media_dir / "image.png"], videos=[clips["noise"], clips["moving"]])),
+         {**media_kwargs(images=[media_dir / "image.png"], videos=[clips["noise"], clips["moving"]]), **rate(0.5)}),
     ]  # fmt: skip
-    args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
-    results = served_in_chunks(model_dir, cases, (None, 7, 50), args, tmp_path)
-    assert_chunks_equal(results, results[None][0], architecture)
+    flush_cache(server.base_url)
+    reference = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in cases]
+    results = served_in_chunks(model_dir, cases, (7, 50), ["--dtype", "float32"], tmp_path)
+    assert_chunks_equal(results, reference, architecture)
 
 
 # --- the independent oracle: HF transformers' model given the kept tokens at the reference positions
