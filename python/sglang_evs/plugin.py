@@ -160,13 +160,15 @@ def register_processors(result, *args, **kwargs):
     """AFTER hook on SGLang's import_processors: our pruning processor replaces the upstream one
     for every architecture the plugin answers."""
     from sglang_evs import sglang_compat as sglang
+    from sglang_evs.models.registry import upstream_classes
     from sglang_evs.pruning.processor import PruningProcessor
 
     mapping = sglang.PROCESSOR_MAPPING
-    names = {cls.__name__ for cls in PruningProcessor.models}
+    models = upstream_classes()
+    names = {cls.__name__ for cls in models}
     for model_cls in [cls for cls in mapping if cls.__name__ in names]:
         del mapping[model_cls]
-    mapping.update(dict.fromkeys(PruningProcessor.models, PruningProcessor))
+    mapping.update(dict.fromkeys(models, PruningProcessor))
     return result
 
 

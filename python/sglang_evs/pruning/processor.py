@@ -1,6 +1,6 @@
 """Tokenizer side: SGLang's Qwen-VL processor, then pruned video regions, for every model the plugin answers.
 
-Registered for the upstream architecture names of `models.registry.MODELS` in place of SGLang's
+Registered by the plugin for the upstream architecture names of `models.registry.MODELS` in place of SGLang's
 `QwenVLImageProcessor` (one class serves Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE
 upstream); with no pruning it returns exactly what SGLang's does. The method and rate are the
 server's (`settings.server_pruning`), overridable per request (`settings.request_pruning`).
@@ -11,7 +11,6 @@ import time
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.models.registry import upstream_classes
 from sglang_evs.pruning.layout import prune_video_layout
 from sglang_evs.pruning.settings import conflicting_setup, refuse_unsupported, request_pruning, server_pruning
 from sglang_evs.pruning.usage import record_usage
@@ -33,7 +32,9 @@ def refuse_too_short_videos(videos: list) -> None:
 
 
 class PruningProcessor(sglang.UpstreamQwenVLProcessor):
-    models = upstream_classes()
+    # Not upstream's list: the plugin registers this class for the architectures models/registry.py names
+    # (`plugin.register_processors`), so the pruning side need not know the models.
+    models: list = []
 
     def __init__(self, hf_config, server_args, _processor, *args, **kwargs) -> None:
         super().__init__(hf_config, server_args, _processor, *args, **kwargs)
