@@ -22,11 +22,12 @@ from sglang_evs.testing.requests import (
     counter_increase,
     flush_cache,
     generate,
+    logprob_gap,
     media_kwargs,
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
-from sglang_evs.testing.workload import send_together
+from sglang_evs.testing.workload import send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
 from evs_oracle import keep_mask as compute_retention_mask  # noqa: E402  (the keep-mask oracles written here)
@@ -161,7 +162,7 @@ HF_LOGPROB_TOLERANCE = 1e-3
 def assert_matches_hf(served, reference: HFReference, tolerance: float = HF_LOGPROB_TOLERANCE) -> None:
     assert served.prompt_tokens == reference.prompt_tokens
     assert served.output_ids == reference.tokens
-    worst = max(abs(a - b) for a, b in zip(served.logprobs, reference.logprobs, strict=True))
+    worst = logprob_gap(served, reference)
     assert worst < tolerance, f"logprobs differ from HF's by up to {worst:.2e} (tolerance {tolerance:.0e})"
 
 
@@ -285,7 +286,7 @@ def test_the_tolerance_tells_a_one_position_error(evs_server, evs_trace, tiny_mo
     clip = unseen_clip(evs_trace, "moving", "one-off")
     reply = video_request(evs_server, clip, q=0.75)
     one_off = hf_pruned_greedy(tiny_model_dir, clip, 0.75, keep_mask=served_mask(evs_trace), shift_from_video=1)
-    assert max(abs(a - b) for a, b in zip(reply.logprobs, one_off.logprobs, strict=True)) > HF_LOGPROB_TOLERANCE
+    assert logprob_gap(reply, one_off) > HF_LOGPROB_TOLERANCE
 
 
 # --- chunked prefill and the radix cache see the same positions
@@ -296,7 +297,7 @@ def assert_same_generation(got, want, context) -> None:
     pieces than one prefill does, which rounds differently on CPU (upstream too: ~1e-7 here); a
     wrong position moves logprobs by orders of magnitude more."""
     assert got.output_ids == want.output_ids, context
-    assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) < 1e-4, context
+    assert logprob_gap(got, want) < 1e-4, context
     got_top = [[t for _, t in step] for step in got.top_logprobs]
     assert got_top == [[t for _, t in step] for step in want.top_logprobs], context
 
@@ -352,13 +353,9 @@ def test_mixed_media_requests_equal_each_request_alone(evs_server, evs_trace, cl
         (chat_prompt(VIDEO, IMAGE, VIDEO), media_kwargs(images=[image2], videos=[clips["static"], clips["noise"]])),
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
     ]
-    alone = []
-    for prompt, kwargs in cases:
-        flush_cache(evs_server.base_url)
-        alone.append(generate(evs_server.base_url, prompt, **kwargs, **rate(0.75))[0])
-    together, (shared_forwards, cached, prompt) = send_together(
-        evs_server.base_url, [(prompt, kwargs, 0.75) for prompt, kwargs in cases], evs_trace
-    )
+    cases = [(prompt, kwargs, 0.75) for prompt, kwargs in cases]
+    alone = send_alone(evs_server.base_url, cases)
+    together, (shared_forwards, cached, prompt) = send_together(evs_server.base_url, cases, evs_trace)
     assert shared_forwards > 0, "no prefill forward held the media of two requests"
     assert cached < prompt // 4  # prefilled, not served from the cache (two of them share their first video)
     for one, many in zip(alone, together, strict=True):

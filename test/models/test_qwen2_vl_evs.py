@@ -22,11 +22,12 @@ from sglang_evs.testing.requests import (
     counter_increase,
     flush_cache,
     generate,
+    logprob_gap,
     media_kwargs,
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
-from sglang_evs.testing.workload import send_together
+from sglang_evs.testing.workload import send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
@@ -135,10 +136,7 @@ def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served
         ),
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]]), 0.75),
     ]
-    alone = []
-    for prompt, kwargs, q in cases:
-        flush_cache(server.base_url)
-        alone.append(generate(server.base_url, prompt, **kwargs, **rate(q))[0])
+    alone = send_alone(server.base_url, cases)
     together, (shared_forwards, cached, prompt_tokens) = send_together(server.base_url, cases, trace_path)
     assert shared_forwards > 0 and cached < prompt_tokens // 4, (shared_forwards, cached, prompt_tokens)
     for one, many in zip(alone, together, strict=True):
@@ -248,10 +246,6 @@ def test_the_tolerance_tells_an_inexact_position_rule_and_a_one_position_error(s
     assert logprob_gap(reply, renumbered) > 10 * HF_TOLERANCE[architecture]
     one_off = hf_pruned_greedy(model_dir, clip, 0.75, mask_oracle=mask, shift_from_video=1)
     assert logprob_gap(reply, one_off) > HF_TOLERANCE[architecture]
-
-
-def logprob_gap(served, reference: HFReference) -> float:
-    return max(abs(a - b) for a, b in zip(served.logprobs, reference.logprobs, strict=True))
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.25])

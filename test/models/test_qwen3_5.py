@@ -30,13 +30,13 @@ from sglang_evs.testing.requests import (
     Generation,
     chat_prompt,
     counter_increase,
-    flush_cache,
     generate,
+    logprob_gap,
     media_kwargs,
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
-from sglang_evs.testing.workload import send_together
+from sglang_evs.testing.workload import send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
@@ -120,7 +120,7 @@ class Served:
     cache_keys: list[Generation] = field(default_factory=list)  # unseen clip at .25, .25, .75
     mixed_alone: list[Generation] = field(default_factory=list)
     mixed_together: list[Generation] = field(default_factory=list)
-    mixed_prefill: tuple[int, int, int] = (0, 0, 0)  # workload.prefilled_together of the concurrent round
+    mixed_prefill: tuple[int, int, int] = (0, 0, 0)  # what workload.send_together says of the concurrent round
     bad: list[tuple[int, str]] = field(default_factory=list)
     after_bad: list[Generation] = field(default_factory=list)
     metrics_delta: dict[str, float] = field(default_factory=dict)
@@ -164,9 +164,7 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         unseen = media.write_clip(out / "unseen.mp4", "noise", num_frames=16, fps=4, seed=11)
         served.cache_keys = [video(url, unseen, q) for q in (0.25, 0.25, 0.75)]
         mixed = mixed_cases(clips, media_dir)
-        for prompt, kwargs, q in mixed:
-            flush_cache(url)
-            served.mixed_alone.append(generate(url, prompt, **kwargs, **rate(q))[0])
+        served.mixed_alone = send_alone(url, mixed)
         served.mixed_together, served.mixed_prefill = send_together(url, mixed, served.trace_path)
         for bad in BAD_RATES:
             reply = requests.post(
@@ -367,10 +365,6 @@ def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Pat
         offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
         tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps)
     return HFReference(tokens, int(keep.sum()), logprobs)
-
-
-def logprob_gap(got: Generation, reference: HFReference) -> float:
-    return max(abs(a - b) for a, b in zip(got.logprobs, reference.logprobs, strict=True))
 
 
 def test_unpruned_greedy_tokens_equal_hf(served, arch, media_dir, request):

@@ -79,6 +79,12 @@ def _generation(out: dict) -> Generation:
     )
 
 
+def logprob_gap(got, want) -> float:
+    """The largest difference between two replies' logprobs of the same generated tokens (anything with
+    `.logprobs`: a `Generation`, or a test's own reference)."""
+    return max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True))
+
+
 def flush_cache(base_url: str, timeout: float = 30) -> None:
     """Empty the server's radix cache. SGLang refuses (HTTP 400) while requests are still running, which a
     pipeline-parallel server's last stage may still be doing after the answer went out: retried until then."""

@@ -144,6 +144,16 @@ def pruning_totals(generations: Sequence[Generation]) -> dict[str, int]:
     }
 
 
+def send_alone(base_url: str, cases: Sequence[tuple[str, dict, float]]) -> list[Generation]:
+    """(prompt, media kwargs, pruning rate) cases one after the other, each from an empty radix cache: the
+    reference a `send_together` round is compared with."""
+    replies = []
+    for prompt, kwargs, rate in cases:
+        flush_cache(base_url)
+        replies.append(generate(base_url, prompt, **kwargs, **per_request_rate(rate))[0])
+    return replies
+
+
 def send_together(
     base_url: str, cases: Sequence[tuple[str, dict, float]], trace_path: Path, attempts: int = 4
 ) -> tuple[list[Generation], tuple[int, int, int]]:
