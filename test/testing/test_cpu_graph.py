@@ -1,6 +1,6 @@
 import torch
 
-from sglang_evs.testing.cpu_graph import CpuGraph
+from sglang_evs.testing.cpu_graph import CpuGraph, CpuGraphSegment
 
 
 def test_replay_recomputes_from_the_captured_tensors_without_python():
@@ -34,3 +34,17 @@ def test_in_place_ops_and_views_replay_on_the_same_storage():
     source.fill_(5.0)
     graph.replay()
     assert torch.equal(buffer[:3], torch.full((3,), 5.0)) and total.item() == 15.0
+
+
+def test_segment_has_the_cuda_graph_capture_api():
+    static_in, weight = torch.randn(2, 3), torch.randn(3, 3)
+    segment = CpuGraphSegment()
+    segment.capture_begin(pool=(0, 0), capture_error_mode="global")
+    out = static_in @ weight
+    segment.capture_end()
+    eager_after_capture = static_in @ weight  # not recorded: the segment ended
+    new_in = torch.randn(2, 3)
+    static_in.copy_(new_in)
+    segment.replay()
+    assert torch.equal(out, new_in @ weight) and not torch.equal(eager_after_capture, out)
+    assert len(segment.graph.ops) == 1

@@ -202,10 +202,12 @@ def media_processor(runner: Any, server_args: Any) -> Any:
 
 
 def make_request(runner: Any, processor: Any, tokenizer: Any, rid: str, prompt: str,
-                 images: Sequence[Path] = (), videos: Sequence[Path] = ()) -> Any:  # fmt: skip
-    """A scheduler `Req` as SGLang builds it: processed media, padded ids, the whole prompt to extend."""
+                 images: Sequence[Path] = (), videos: Sequence[Path] = (),
+                 processor_kwargs: dict | None = None) -> Any:  # fmt: skip
+    """A scheduler `Req` as SGLang builds it: processed media, padded ids, the whole prompt to extend
+    (`processor_kwargs`: the request's `mm_processor_kwargs`)."""
     if images or videos:
-        ids, mm_inputs = _processed(runner, processor, prompt, images, videos)
+        ids, mm_inputs = _processed(runner, processor, prompt, images, videos, processor_kwargs)
         return new_request(rid, ids, mm_inputs, prompt)
     return new_request(rid, array("q", tokenizer.encode(prompt)), text=prompt)
 
@@ -225,13 +227,14 @@ def new_request(rid: str, ids: Sequence[int], mm_inputs: Any = None, text: str =
     return req
 
 
-def _processed(runner: Any, processor: Any, prompt: str, images, videos) -> tuple[array, Any]:
+def _processed(runner: Any, processor: Any, prompt: str, images, videos, processor_kwargs) -> tuple[array, Any]:
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.managers.mm_utils import duplicate_pad_mm_input_ids
     from sglang.srt.managers.schedule_batch import MultimodalInputs
 
     obj = GenerateReqInput(text=prompt, image_data=[str(p) for p in images] or None,
-                           video_data=[str(p) for p in videos] or None)  # fmt: skip
+                           video_data=[str(p) for p in videos] or None,
+                           mm_processor_kwargs=processor_kwargs)  # fmt: skip
     output = asyncio.run(
         processor.process_mm_data_async(image_data=obj.image_data, audio_data=None, input_text=prompt,
                                         request_obj=obj, max_req_input_len=runner.model_config.context_len)

@@ -61,3 +61,34 @@ def _write_back(captured: Any, result: Any) -> None:
     elif isinstance(captured, (list, tuple)) and isinstance(result, (list, tuple)):
         for c, r in zip(captured, result, strict=True):
             _write_back(c, r)
+
+
+class CpuGraphSegment:
+    """`torch.cuda.CUDAGraph`'s capture API over a `CpuGraph`: `capture_begin`, `capture_end`, `replay`.
+
+    SGLang's breakable prefill graph records each stretch between two eager breaks (the attention
+    calls) as one such graph; `stand_in_for_cuda_graphs` makes it build these on CPU, so SGLang's
+    own capture and replay code runs unchanged around them.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.graph = CpuGraph()
+
+    def capture_begin(self, *args, **kwargs) -> None:
+        self.graph.__enter__()
+
+    def capture_end(self) -> None:
+        self.graph.__exit__(None, None, None)
+
+    def instantiate(self) -> None:
+        pass
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def stand_in_for_cuda_graphs() -> None:
+    """Test processes only: `torch.cuda.CUDAGraph` becomes `CpuGraphSegment`, and the CPU device
+    module gets the graph-pool handle SGLang asks it for (a CPU graph needs no memory pool)."""
+    torch.cuda.CUDAGraph = CpuGraphSegment
+    torch.cpu.graph_pool_handle = lambda: (0, 0)
