@@ -2,13 +2,13 @@
 
 Builds a Qwen3-VL vision tower with a real checkpoint's shape (random weights: the cost does not
 depend on their values), encodes one clip of T temporal groups, and times each method's
-``retention_mask`` (``sglang_evs.evs.METHODS``) on exactly the rows the tower returned: the main
+``retention_mask`` (``sglang_evs.methods.METHODS``) on exactly the rows the tower returned: the main
 merger output concatenated with the deepstack levels, as the serving model scores them. Prints the
 medians and mask / encoder; the goal is below 1 %.
 
     PYTHONPATH=python python benchmark/bench_retention_mask.py [--tower 2b|8b] [--groups 4] [--method evs|vidcom2|all]
 
-``--pruning-rate`` is q for both methods (VidCom2's video_retention_ratio is 1 - q).
+``--pruning-rate`` is q (``video_pruning_rate``) for both methods.
 
 Both costs are linear in T (the tower attends within each frame), so a short clip gives the ratio of
 a long one at a fraction of the CPU time.
@@ -29,7 +29,7 @@ import torch
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-from sglang_evs.evs import METHODS
+from sglang_evs.methods import METHODS
 
 # vision_config of Qwen/Qwen3-VL-2B-Instruct and Qwen/Qwen3-VL-8B-Instruct
 TOWERS = {

@@ -20,9 +20,11 @@ def test_rate_joins_existing_overrides():
     assert overrides(argv) == {"a": 1, "video_pruning_rate": 0.75}
 
 
-def test_retention_ratio_selects_vidcom2():
-    argv = fold_pruning_flags(["--model-path", "m", "--video-retention-ratio", "0.25"])
-    assert overrides(argv) == {"video_retention_ratio": 0.25}
+def test_vllm_pair_selects_vidcom2_at_the_rate():
+    argv = fold_pruning_flags(
+        ["--model-path", "m", "--video-pruning-method", "vidcom2", "--video-pruning-rate", "0.75"]
+    )
+    assert overrides(argv) == {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75}
 
 
 def test_without_the_flags_nothing_changes():
@@ -33,10 +35,10 @@ def test_without_the_flags_nothing_changes():
     ("argv", "message"),
     [
         (["--video-pruning-rate", "1.2"], "video_pruning_rate must be"),
-        (["--video-retention-ratio", "0"], r"video_retention_ratio must be a number in \(0, 1\]"),
-        (["--video-retention-ratio", "1.5"], r"video_retention_ratio must be a number in \(0, 1\]"),
-        (["--video-retention-ratio", "0.5", "--video-pruning-rate", "0.5"], "not both"),
-        (["--video-retention-ratio", "0.5", "--json-model-override-args", '{"video_pruning_rate": 0.5}'], "not both"),
+        (["--video-pruning-method", "fastv"], "video_pruning_method must be one of 'evs', 'vidcom2'"),
+        (["--json-model-override-args", '{"video_pruning_method": "VidCom2"}'], "video_pruning_method must be"),
+        (["--video-retention-ratio", "0.25"], "video_retention_ratio is no longer read: write video_pruning_method"),
+        (["--json-model-override-args", '{"video_retention_ratio": 0.5}'], "video_retention_ratio is no longer"),
     ],
 )
 def test_invalid_settings_are_refused_naming_them(argv, message):

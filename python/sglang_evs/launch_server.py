@@ -1,13 +1,12 @@
-"""`python -m sglang.launch_server` with `--video-pruning-rate` (EVS) and `--video-retention-ratio` (VidCom2).
+"""`python -m sglang.launch_server` with vLLM's `--video-pruning-method` and `--video-pruning-rate`.
 
     python -m sglang_evs.launch_server --video-pruning-rate 0.75 --model-path Qwen/Qwen3-VL-8B-Instruct ...
-    python -m sglang_evs.launch_server --video-retention-ratio 0.25 --model-path Qwen/Qwen3-VL-8B-Instruct ...
+    python -m sglang_evs.launch_server --video-pruning-method vidcom2 --video-pruning-rate 0.75 --model-path ...
 
-The flags (vLLM's names; at most one) are folded into SGLang's `--json-model-override-args`
-(merged with one given there), the standard way SGLang sets a model-config value in every
-process; everything else goes to SGLang unchanged. On the CPU route (`--device cpu` or
-`SGLANG_USE_CPU_ENGINE=1`) with several ranks it also gives each rank its cores
-(`runtime.rank_binding`) unless `SGLANG_CPU_OMP_THREADS_BIND` is set.
+The flags are folded into SGLang's `--json-model-override-args` (merged with one given there), the
+standard way SGLang sets a model-config value in every process; everything else goes to SGLang
+unchanged. On the CPU route (`--device cpu` or `SGLANG_USE_CPU_ENGINE=1`) with several ranks it
+also gives each rank its cores (`runtime.rank_binding`) unless `SGLANG_CPU_OMP_THREADS_BIND` is set.
 """
 
 import argparse
@@ -17,26 +16,27 @@ import runpy
 import sys
 from collections.abc import Mapping
 
-from sglang_evs.evs import METHODS, method_from_settings
+from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
+from sglang_evs.pruning.settings import NO_PRUNING, RETIRED_SETTING, pruning_from
 from sglang_evs.runtime.rank_binding import cpu_rank_environment
+
+FLAG_TYPES = {PRUNING_METHOD_SETTING: str, PRUNING_RATE_SETTING: float, RETIRED_SETTING: float}
 
 
 def fold_pruning_flags(argv: list[str]) -> list[str]:
-    """argv with --video-pruning-rate / --video-retention-ratio moved into --json-model-override-args.
+    """argv with --video-pruning-method / --video-pruning-rate moved into --json-model-override-args.
 
-    Raises ValueError naming the setting(s) when a value is invalid or both methods end up set.
+    Raises ValueError naming the setting when a value is invalid (or the retired
+    --video-retention-ratio is given, with what to write instead).
     """
     parser = argparse.ArgumentParser(add_help=False)
-    for method in METHODS.values():
-        parser.add_argument("--" + method.setting.replace("_", "-"), type=float)
+    for setting, kind in FLAG_TYPES.items():
+        parser.add_argument("--" + setting.replace("_", "-"), type=kind)
     parser.add_argument("--json-model-override-args", default="{}")
     known, rest = parser.parse_known_args(argv)
     overrides = json.loads(known.json_model_override_args)
-    for method in METHODS.values():
-        value = getattr(known, method.setting)
-        if value is not None:
-            overrides[method.setting] = value
-    method_from_settings(overrides)  # validates the value and refuses both methods at once
+    overrides.update({key: value for key in FLAG_TYPES if (value := getattr(known, key)) is not None})
+    pruning_from(overrides, NO_PRUNING)  # validates both settings, refuses the retired one
     return [*rest, "--json-model-override-args", json.dumps(overrides)] if overrides else rest
 
 

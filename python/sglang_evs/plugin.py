@@ -121,12 +121,12 @@ def refuse_pruning_before_encoder_dispatch(tokenizer_manager, request, *args, **
     a request that asks for video pruning gets SGLang's HTTP 400 (ValueError) before anything is sent,
     since the embeddings coming back are unpruned and the layout is built without the pruning
     processor (`settings.conflicting_setup`). The server default cannot prune here: refused at startup."""
-    from sglang_evs.pruning.settings import NO_PRUNING, conflicting_setup, pruning_from_kwargs, refuse_unsupported
+    from sglang_evs.pruning.settings import NO_PRUNING, conflicting_setup, pruning_from, refuse_unsupported
 
     conflict = conflicting_setup(tokenizer_manager.server_args)
     given = request.mm_processor_kwargs  # a batch request may give one dict per sub-request
     for mm_processor_kwargs in given if isinstance(given, list) else [given]:
-        refuse_unsupported(pruning_from_kwargs(mm_processor_kwargs, NO_PRUNING), conflict)
+        refuse_unsupported(pruning_from(mm_processor_kwargs or {}, NO_PRUNING), conflict)
 
 
 def trace_prefill_graph_replay(result, runner, forward_batch, *args, **kwargs):

@@ -66,7 +66,7 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen2VL": "sglang.srt.models.qwen2_vl:Qwen2VLForConditionalGeneration",
     "UpstreamQwen2_5_VL": "sglang.srt.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
     "UpstreamQwen2Model": "sglang.srt.models.qwen2:Qwen2Model",
-    # EVS maths (pure torch), used by sglang_evs.evs through resolve_file()
+    # EVS maths (pure torch), used by sglang_evs.methods.evs through resolve_file()
     "evs_core": "sglang.srt.multimodal.evs.evs_core:",
 }
 # What the plugin hooks (HookRegistry targets), name used in this package -> "module:attribute path".

@@ -4,7 +4,7 @@
 
 The frames are sampled as SGLang's Qwen-VL processor samples them, encoded by the checkpoint's own
 vision tower (HF transformers, the same weights the server loads), and scored by the same keep-mask
-the server uses (`evs.METHODS`) on the same rows (`[main | deepstack...]` where the tower has
+the server uses (`methods.METHODS`) on the same rows (`[main | deepstack...]` where the tower has
 deepstack levels). One tile per temporal group (its first frame, at the size the tower saw it),
 one cell per merged token: kept cells framed in green, pruned cells dimmed, and the group's kept
 count above it.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_evs.evs import METHODS
+from sglang_evs.methods import METHODS
 
 KEPT_FRAME = (0, 255, 0)  # the first pixel of every kept cell; pruned cells are dimmed below 64
 DIM = 0.25

@@ -101,8 +101,8 @@ def test_launch_helpers():
     assert on_cpu([]) and on_cpu(["--dtype", "float32", "--device", "cpu"])
     assert not on_cpu(["--device", "cuda"]) and not on_cpu(["--device=cuda"])
     assert rate_args(None) == []
-    assert json.loads(rate_args(0.75)[1]) == {"video_pruning_rate": 0.75}
-    assert json.loads(rate_args(0.75, "vidcom2")[1]) == {"video_retention_ratio": 0.25}
+    assert json.loads(rate_args(0.75)[1]) == {"video_pruning_method": "evs", "video_pruning_rate": 0.75}
+    assert json.loads(rate_args(0.75, "vidcom2")[1]) == {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75}
 
 
 def test_method_comparison_report():

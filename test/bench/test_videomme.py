@@ -68,7 +68,8 @@ def test_evaluate_rates_launches_one_server_per_rate(monkeypatch, tmp_path):
     out = videomme.evaluate_rates("m", [{}], [0.0, 0.5], tmp_path, ["--dtype", "float32"], max_tokens=4)
     assert out == {"0.0": {"url": "http://fake/1", "n": 1, "max_tokens": 4},
                    "0.5": {"url": "http://fake/2", "n": 1, "max_tokens": 4}}  # fmt: skip
-    assert launched[1] == ("m", ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}'])
+    settings = '{"video_pruning_method": "evs", "video_pruning_rate": 0.5}'
+    assert launched[1] == ("m", ["--dtype", "float32", "--json-model-override-args", settings])
 
 
 def test_evaluate_rates_prunes_with_the_chosen_method(monkeypatch, tmp_path):
@@ -82,4 +83,5 @@ def test_evaluate_rates_prunes_with_the_chosen_method(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "serving", fake_serving)
     monkeypatch.setattr(videomme, "evaluate", lambda url, rows, **kw: {})
     videomme.evaluate_rates("m", [{}], [0.75], tmp_path, [], method="vidcom2")
-    assert launched == [["--json-model-override-args", '{"video_retention_ratio": 0.25}']]
+    settings = '{"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75}'
+    assert launched == [["--json-model-override-args", settings]]

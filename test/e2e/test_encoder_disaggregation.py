@@ -75,11 +75,13 @@ def test_a_request_asking_for_pruning_gets_400_and_the_pair_serves_on(pair, sing
             {"type": "video_url", "video_url": {"url": f"file://{files['video']}"}}, {"type": "text", "text": "hi"},
         ]}],
         "max_tokens": 4,
-        "chat_template_kwargs": {"video_retention_ratio": 0.25},  # the field sglang-router forwards
+        # the field sglang-router forwards
+        "chat_template_kwargs": {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75},
     }  # fmt: skip
     refused = requests.post(f"{language.base_url}/v1/chat/completions", json=chat, timeout=120)
     assert refused.status_code == 400
-    assert "video_retention_ratio=0.25" in refused.text and REFUSED.format(role="--language-only") in refused.text
+    assert "video_pruning_rate=0.75: video pruning (vidcom2)" in refused.text
+    assert REFUSED.format(role="--language-only") in refused.text
     assert encoder.log().count("/encode completed") == encodes_before  # nothing was sent to the encoder
     assert answers(language.base_url, files)["video"].output_ids == single["video"].output_ids
 

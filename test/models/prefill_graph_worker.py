@@ -223,7 +223,7 @@ def main() -> None:
     report["deepstack_ptr"] = {"constructed": constructed, "final": buffers.deepstack.data_ptr()}
 
     # The buffers now hold the last chunk's rows: a replay that does not rewrite them reads those.
-    with patched(adapter, "post_process", post_process_without_writes):
+    with patched(adapter, "fill_graph_inputs", post_process_without_writes):
         without_writes = harness.replay_vs_upstream(mixed)
     with patched(GraphInputs, "write", write_keeping_deepstack):
         harness.forward(mixed, graph=True)

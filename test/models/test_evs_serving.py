@@ -29,7 +29,7 @@ from sglang_evs.testing.requests import (
 from sglang_evs.testing.server import running_server
 from sglang_evs.testing.workload import send_alone, send_together
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
 from evs_oracle import keep_mask as compute_retention_mask  # noqa: E402  (the keep-mask oracles written here)
 from evs_oracle import scores  # noqa: E402
 

@@ -24,13 +24,14 @@ from sglang_evs.testing.requests import (
     generate,
     logprob_gap,
     media_kwargs,
+    per_request_rate,
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
 from sglang_evs.testing.workload import send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
 from evs_oracle import keep_mask  # noqa: E402  (the keep-mask oracles written here)
 from test_evs_serving import (  # noqa: E402
     HFReference,
@@ -248,18 +249,17 @@ def test_the_tolerance_tells_an_inexact_position_rule_and_a_one_position_error(s
     assert logprob_gap(reply, one_off) > HF_TOLERANCE[architecture]
 
 
-@pytest.mark.parametrize("ratio", [0.5, 0.25])
-def test_vidcom2_count_and_hf_oracle(served, clips, ratio):
+@pytest.mark.parametrize("q", [0.5, 0.75])
+def test_vidcom2_count_and_hf_oracle(served, clips, q):
     """VidCom2 on the same mechanism: its own count and mask, the same exact positions."""
     architecture, model_dir, server, trace_path = served
-    clip = unseen_clip(trace_path, "noise", f"vidcom2{ratio}")
+    clip = unseen_clip(trace_path, "noise", f"vidcom2{q}")
     unpruned = video(server, clip, 0.0)
     tokens = unpruned.meta["video_tokens"]
-    kept = max(GROUPS, min(int(tokens * (1 - (1 - ratio))), tokens))  # the VidCom2 count, written out here
+    kept = max(GROUPS, min(int(tokens * (1 - q)), tokens))  # the VidCom2 count, written out here
     reply = generate(
-        server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]),
-        mm_processor_kwargs={"video_retention_ratio": ratio},
-    )[0]  # fmt: skip
+        server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **per_request_rate(q, "vidcom2")
+    )[0]
     assert reply.prompt_tokens == unpruned.prompt_tokens - (tokens - kept)
     assert reply.meta["video_pruning_method"] == "vidcom2" and reply.meta["video_tokens"] == kept
     mask, seen = served_mask(trace_path), {}
@@ -268,7 +268,7 @@ def test_vidcom2_count_and_hf_oracle(served, clips, ratio):
         seen["served"], seen["oracle"] = mask(rows, grid, merge, q), vidcom2_keep_mask(rows, grid, merge, q)
         return seen["served"]
 
-    reference = hf_pruned_greedy(model_dir, clip, 1 - ratio, mask_oracle=checked)
+    reference = hf_pruned_greedy(model_dir, clip, q, mask_oracle=checked)
     assert_matches_hf(reply, reference, HF_TOLERANCE[architecture])
     # Qwen2.5-VL's two encoders round apart by ~1e-3 (see HF_TOLERANCE): a few near-equal rows
     # may swap (measured: 2 swaps in 288 at ratio .5); Qwen2-VL's agree to 1e-5 and so must the masks.

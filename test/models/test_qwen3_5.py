@@ -33,13 +33,14 @@ from sglang_evs.testing.requests import (
     generate,
     logprob_gap,
     media_kwargs,
+    per_request_rate,
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
 from sglang_evs.testing.workload import send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
 from evs_oracle import keep_mask as evs_keep_mask  # noqa: E402  (the oracles written here)
 from test_evs_serving import (  # noqa: E402
     HFReference,
@@ -69,7 +70,7 @@ ORACLE_RATES = (0.5, 0.75)
 GROUPS = 4  # a 16-frame 4 fps clip -> SGLang samples 8 frames -> 4 temporal groups
 CHUNK = 128  # above the image's prompt (80 tokens), below every video's
 SMALL_CHUNK = 33  # cuts inside groups and on framing tokens
-VIDCOM2_RATIOS = (0.5, 0.25)  # video_retention_ratio r: q = 1 - r
+VIDCOM2_RATES = (0.5, 0.75)
 BAD_RATES = (1.5, -0.5, "fast")
 COUNTS = ("video_tokens_before_pruning", "video_tokens_after_pruning")
 
@@ -78,8 +79,8 @@ def rate(q: float) -> dict:
     return {"mm_processor_kwargs": {"video_pruning_rate": q}}
 
 
-def ratio(r: float) -> dict:
-    return {"mm_processor_kwargs": {"video_retention_ratio": r}}
+def vidcom2(q: float) -> dict:
+    return per_request_rate(q, "vidcom2")
 
 
 def parity_cases(media_dir: Path) -> dict[str, tuple[str, dict]]:
@@ -158,9 +159,9 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         for q in ORACLE_RATES:
             served.evs["noise", q] = video(url, clips["noise"], q)
         served.evs_repeat = video(url, clips["moving"], 0.5)
-        for r in VIDCOM2_RATIOS:
+        for q in VIDCOM2_RATES:
             for clip in ("moving", "noise"):
-                served.vidcom2[clip, r] = video(url, clips[clip], **ratio(r))
+                served.vidcom2[clip, q] = video(url, clips[clip], **vidcom2(q))
         unseen = media.write_clip(out / "unseen.mp4", "noise", num_frames=16, fps=4, seed=11)
         served.cache_keys = [video(url, unseen, q) for q in (0.25, 0.25, 0.75)]
         mixed = mixed_cases(clips, media_dir)
@@ -399,22 +400,22 @@ def test_the_hf_oracle_tells_an_inexact_position_rule(served, arch, clips, reque
 # --- VidCom2, the second method, through the same mechanism
 
 
-@pytest.mark.parametrize("r", VIDCOM2_RATIOS)
-def test_vidcom2_prompt_tokens_follow_its_count(served, arch, r):
-    unpruned, pruned = served[arch].evs["moving", 0.0], served[arch].vidcom2["moving", r]
+@pytest.mark.parametrize("q", VIDCOM2_RATES)
+def test_vidcom2_prompt_tokens_follow_its_count(served, arch, q):
+    unpruned, pruned = served[arch].evs["moving", 0.0], served[arch].vidcom2["moving", q]
     tokens = unpruned.meta["video_tokens"]
-    kept = max(GROUPS, int(tokens * (1 - (1 - r))))  # VidCom2's count at q = 1 - r, written out here
+    kept = max(GROUPS, int(tokens * (1 - q)))  # VidCom2's count, written out here
     assert pruned.prompt_tokens == unpruned.prompt_tokens - (tokens - kept)
-    assert pruned.meta["video_pruning_method"] == "vidcom2" and pruned.meta["video_retention_ratio"] == r
+    assert pruned.meta["video_pruning_method"] == "vidcom2" and pruned.meta["video_pruning_rate"] == q
     assert pruned.meta["video_tokens_after_pruning"] == pruned.meta["video_tokens"] == kept
 
 
 @pytest.mark.parametrize("clip", ["noise", "moving"])
 def test_vidcom2_greedy_tokens_equal_hf_oracle(served, arch, clips, clip, request):
-    r = VIDCOM2_RATIOS[0]
+    q = VIDCOM2_RATES[0]
     model_dir = request.getfixturevalue(ARCHITECTURES[arch])
-    reference = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=1 - r, keep_mask=vidcom2_keep_mask)
-    assert_matches_hf(served[arch].vidcom2[clip, r], reference, HF_LOGPROB_TOLERANCE)
+    reference = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=q, keep_mask=vidcom2_keep_mask)
+    assert_matches_hf(served[arch].vidcom2[clip, q], reference, HF_LOGPROB_TOLERANCE)
 
 
 # --- a Qwen3.5 checkpoint with deepstack levels: they travel in the fixed buffer

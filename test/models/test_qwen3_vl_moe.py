@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_evs.evs import METHODS
+from sglang_evs.methods import METHODS
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import (
     IMAGE,

@@ -1,8 +1,8 @@
 """VidCom2 served beside EVS on the tiny Qwen3-VL (float32): its counts, an HF oracle with its mask,
 chunking and radix hits, cache keys apart from EVS's, counts by method, bad settings.
 
-The server's default is VidCom2 at `video_retention_ratio` 0.5; requests choose either method
-with `mm_processor_kwargs`.
+The server's default is VidCom2 at `video_pruning_rate` 0.5 (vLLM's pair of settings); a request
+names the method, the rate or both in `mm_processor_kwargs`, and what it leaves out is the server's.
 """
 
 import sys
@@ -16,26 +16,27 @@ from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, 
 from sglang_evs.testing.server import running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
 from test_evs_serving import assert_chunks_equal, assert_matches_hf, hf_pruned_greedy, served_in_chunks  # noqa: E402
 from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402  (the oracle written here)
 
-SERVER_RATIO = 0.5
+SERVER_RATE = 0.5
 GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -> 4 groups of 10x10
-SERVER_ARGS = ["--dtype", "float32", "--json-model-override-args", f'{{"video_retention_ratio": {SERVER_RATIO}}}']
+SERVER_SETTINGS = f'{{"video_pruning_method": "vidcom2", "video_pruning_rate": {SERVER_RATE}}}'
+SERVER_ARGS = ["--dtype", "float32", "--json-model-override-args", SERVER_SETTINGS]
 
 
-def vidcom2_count(ratio: float) -> int:
-    """vLLM's rule written out: q = 1 - ratio, then max(T, int(T * tpf * (1 - q)))."""
-    return max(GROUPS, min(int(GROUPS * TOKENS_PER_GROUP * (1 - (1 - ratio))), GROUPS * TOKENS_PER_GROUP))
+def vidcom2_count(q: float) -> int:
+    """vLLM 0.33's rule written out: max(T, int(T * tpf * (1 - q)))."""
+    return max(GROUPS, min(int(GROUPS * TOKENS_PER_GROUP * (1 - q)), GROUPS * TOKENS_PER_GROUP))
 
 
-def ratio(r) -> dict:
-    return {"mm_processor_kwargs": {"video_retention_ratio": r}}
+def vidcom2(q) -> dict:
+    return {"mm_processor_kwargs": {"video_pruning_method": "vidcom2", "video_pruning_rate": q}}
 
 
 def evs_rate(q) -> dict:
-    return {"mm_processor_kwargs": {"video_pruning_rate": q}}
+    return {"mm_processor_kwargs": {"video_pruning_method": "evs", "video_pruning_rate": q}}
 
 
 @pytest.fixture(scope="module")
@@ -58,38 +59,42 @@ def video_request(server, clip, **extra):
     return generate(server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **extra)[0]
 
 
-@pytest.mark.parametrize("r", [1.0, 0.75, 0.5, 0.25, 0.1, 0.005])
-def test_prompt_tokens_follow_the_vidcom2_count(server, clips, r):
+@pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.75, 0.9, 0.995])
+def test_prompt_tokens_follow_the_vidcom2_count(server, clips, q):
     unpruned = video_request(server, clips["moving"], **evs_rate(0.0))
-    served = video_request(server, clips["moving"], **ratio(r))
-    assert served.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - vidcom2_count(r))
-    assert served.meta["video_tokens"] == vidcom2_count(r)
+    served = video_request(server, clips["moving"], **vidcom2(q))
+    assert served.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - vidcom2_count(q))
+    assert served.meta["video_tokens"] == vidcom2_count(q)
 
 
 def test_server_default_is_vidcom2_and_a_request_may_choose_evs(server, clips):
     default = video_request(server, clips["static"])
     assert default.meta["video_pruning_method"] == "vidcom2"
-    assert default.meta["video_tokens"] == vidcom2_count(SERVER_RATIO)
+    assert default.meta["video_tokens"] == vidcom2_count(SERVER_RATE)
     evs = video_request(server, clips["static"], **evs_rate(0.9))
     assert evs.meta["video_pruning_method"] == "evs"
     assert evs.meta["video_tokens"] == max(TOKENS_PER_GROUP, int(GROUPS * TOKENS_PER_GROUP * (1 - 0.9)))
+    # what a request leaves out is the server's: the method here, the rate there
+    rate_only = video_request(server, clips["static"], mm_processor_kwargs={"video_pruning_rate": 0.75})
+    assert (rate_only.meta["video_pruning_method"], rate_only.meta["video_tokens"]) == ("vidcom2", vidcom2_count(0.75))
+    method_only = video_request(server, clips["static"], mm_processor_kwargs={"video_pruning_method": "evs"})
+    assert method_only.meta["video_pruning_method"] == "evs" and method_only.meta["video_pruning_rate"] == SERVER_RATE
 
 
 def test_what_was_pruned_is_counted_by_method(server, clips):
     before = pruning_metrics(server.base_url)
-    vidcom2 = video_request(server, clips["noise"], **ratio(0.25))
+    pruned = video_request(server, clips["noise"], **vidcom2(0.75))
     evs = video_request(server, clips["noise"], **evs_rate(0.5))
     after = pruning_metrics(server.base_url)
-    assert {k: v for k, v in vidcom2.meta.items() if k.startswith("video_")} == {
+    assert {k: v for k, v in pruned.meta.items() if k.startswith("video_")} == {
         "video_pruning_method": "vidcom2",
-        "video_retention_ratio": 0.25,
         "video_pruning_rate": 0.75,
         "video_tokens_before_pruning": GROUPS * TOKENS_PER_GROUP,
-        "video_tokens_after_pruning": vidcom2_count(0.25),
-        "video_tokens": vidcom2_count(0.25),
+        "video_tokens_after_pruning": vidcom2_count(0.75),
+        "video_tokens": vidcom2_count(0.75),
     }
-    assert evs.meta["video_pruning_method"] == "evs" and "video_retention_ratio" not in evs.meta
-    for method, reply in (("vidcom2", vidcom2), ("evs", evs)):
+    assert (evs.meta["video_pruning_method"], evs.meta["video_pruning_rate"]) == ("evs", 0.5)
+    for method, reply in (("vidcom2", pruned), ("evs", evs)):
         for name in ("video_tokens_before_pruning", "video_tokens_after_pruning"):
             assert after[name, method] - before.get((name, method), 0.0) == reply.meta[name], (method, name)
         assert after["pruned_videos", method] - before.get(("pruned_videos", method), 0.0) == 1
@@ -97,19 +102,19 @@ def test_what_was_pruned_is_counted_by_method(server, clips):
 
 def test_evs_and_vidcom2_at_the_same_rate_share_no_cached_video(server, tmp_path):
     clip = media.write_clip(tmp_path / "unseen.mp4", "noise", num_frames=16, fps=4, seed=12)  # not cached yet
-    first = video_request(server, clip, **ratio(0.25))
-    again = video_request(server, clip, **ratio(0.25))
+    first = video_request(server, clip, **vidcom2(0.75))
+    again = video_request(server, clip, **vidcom2(0.75))
     evs = video_request(server, clip, **evs_rate(0.75))  # the same q = 0.75 and the same kept count
     assert evs.prompt_tokens == first.prompt_tokens
     assert again.cached_tokens >= first.prompt_tokens - 1
     assert evs.cached_tokens < 20  # only the text before the video
 
 
-@pytest.mark.parametrize("r", [0.5, 0.25])
+@pytest.mark.parametrize("q", [0.5, 0.75])
 @pytest.mark.parametrize("clip", ["noise", "moving"])
-def test_greedy_tokens_equal_hf_oracle_with_the_vidcom2_mask(server, tiny_model_dir, clips, r, clip):
-    reference = hf_pruned_greedy(tiny_model_dir, clips[clip], 1 - r, keep_mask=vidcom2_keep_mask)
-    assert_matches_hf(video_request(server, clips[clip], **ratio(r)), reference)
+def test_greedy_tokens_equal_hf_oracle_with_the_vidcom2_mask(server, tiny_model_dir, clips, q, clip):
+    reference = hf_pruned_greedy(tiny_model_dir, clips[clip], q, keep_mask=vidcom2_keep_mask)
+    assert_matches_hf(video_request(server, clips[clip], **vidcom2(q)), reference)
 
 
 @pytest.mark.slow
@@ -129,10 +134,10 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(server, tiny_model_di
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"video_retention_ratio": 0}, "video_retention_ratio must be a number in (0, 1], got 0"),
-        ({"video_retention_ratio": 1.5}, "video_retention_ratio must be a number in (0, 1], got 1.5"),
-        ({"video_retention_ratio": "half"}, "video_retention_ratio must be a number in (0, 1], got 'half'"),
-        ({"video_retention_ratio": 0.5, "video_pruning_rate": 0.5}, "not both"),
+        ({"video_pruning_method": "fastv"}, "video_pruning_method must be one of 'evs', 'vidcom2', got 'fastv'"),
+        ({"video_pruning_rate": 1.5}, "video_pruning_rate must be a number in [0, 1), got 1.5"),
+        ({"video_pruning_rate": "half"}, "video_pruning_rate must be a number in [0, 1), got 'half'"),
+        ({"video_retention_ratio": 0.25}, "video_retention_ratio is no longer read: write video_pruning_method="),
     ],
 )
 def test_bad_settings_get_400_and_the_server_keeps_serving(server, clips, settings, message):

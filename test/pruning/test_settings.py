@@ -5,9 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_evs.methods import EVS, VIDCOM2
 from sglang_evs.plugin import carry_chat_pruning_setting, refuse_pruning_before_encoder_dispatch
 from sglang_evs.pruning.settings import (
     NO_PRUNING,
+    Pruning,
     chat_processor_kwargs,
     conflicting_setup,
     refuse_unsupported,
@@ -27,8 +29,11 @@ def request(**kwargs) -> SimpleNamespace:
 @pytest.mark.parametrize(
     "settings, named",
     [
-        ({"video_pruning_rate": 0.5}, "video_pruning_rate=0.5"),
-        ({"video_retention_ratio": 0.25}, "video_retention_ratio=0.25"),
+        ({"video_pruning_rate": 0.5}, r"video_pruning_rate=0.5: video pruning \(evs\)"),
+        (
+            {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75},
+            r"video_pruning_rate=0.75: video pruning \(vidcom2\)",
+        ),
     ],
 )
 def test_server_pruning_with_speculative_decoding_is_refused_naming_the_setting(settings, named):
@@ -68,8 +73,8 @@ def test_conflicting_setup_names_what_pruning_cannot_run_with(server_args, confl
 
 def test_a_language_only_server_refuses_a_pruning_request_before_dispatching_it_to_an_encoder():
     tokenizer_manager = SimpleNamespace(server_args=SimpleNamespace(language_only=True))
-    asks = SimpleNamespace(mm_processor_kwargs={"video_retention_ratio": 0.25})
-    with pytest.raises(ValueError, match=r"video_retention_ratio=0.25.*\(--language-only\)"):
+    asks = SimpleNamespace(mm_processor_kwargs={"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75})
+    with pytest.raises(ValueError, match=r"video_pruning_rate=0.75: video pruning \(vidcom2\).*\(--language-only\)"):
         refuse_pruning_before_encoder_dispatch(tokenizer_manager, asks)
     batch = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.5}])
     with pytest.raises(ValueError, match="video_pruning_rate=0.5"):
@@ -78,21 +83,41 @@ def test_a_language_only_server_refuses_a_pruning_request_before_dispatching_it_
         refuse_pruning_before_encoder_dispatch(tokenizer_manager, SimpleNamespace(mm_processor_kwargs=serves))
 
 
-def test_the_request_setting_overrides_the_server_default():
-    server = server_pruning(config(video_pruning_rate=0.5))
-    assert request_pruning(request(), server) is server
-    assert request_pruning(request(video_retention_ratio=0.5), server).method.name == "vidcom2"
-    with pytest.raises(ValueError, match="video_pruning_rate"):
+def test_the_server_default_is_evs_at_the_rate_given():
+    assert server_pruning(config()) == NO_PRUNING and NO_PRUNING.method is EVS and not NO_PRUNING.prunes
+    assert server_pruning(config(video_pruning_rate=0.5)) == Pruning(EVS, 0.5)
+    assert server_pruning(config(video_pruning_method="vidcom2", video_pruning_rate=0.75)) == Pruning(VIDCOM2, 0.75)
+    assert server_pruning(config(video_pruning_method="vidcom2")) == Pruning(VIDCOM2, 0.0)
+
+
+def test_what_a_request_leaves_out_comes_from_the_server():
+    server = server_pruning(config(video_pruning_method="vidcom2", video_pruning_rate=0.5))
+    assert request_pruning(request(), server) == server
+    assert request_pruning(request(video_pruning_rate=0.75), server) == Pruning(VIDCOM2, 0.75)
+    assert request_pruning(request(video_pruning_method="evs"), server) == Pruning(EVS, 0.5)
+    both = request(video_pruning_method="evs", video_pruning_rate=0.25, fps=2)
+    assert request_pruning(both, server) == Pruning(EVS, 0.25)
+    with pytest.raises(ValueError, match="video_pruning_rate must be"):
         request_pruning(request(video_pruning_rate=1.5), server)
+    with pytest.raises(ValueError, match="video_pruning_method must be one of 'evs', 'vidcom2'"):
+        request_pruning(request(video_pruning_method="VidCom2"), server)
+
+
+@pytest.mark.parametrize("where", ["server", "request"])
+def test_the_retired_retention_ratio_is_refused_naming_its_replacement(where):
+    message = "video_retention_ratio is no longer read: write video_pruning_method='vidcom2' and video_pruning_rate"
+    with pytest.raises(ValueError, match=message):
+        if where == "server":
+            server_pruning(config(video_retention_ratio=0.25))
+        else:
+            request_pruning(request(video_retention_ratio=0.25), NO_PRUNING)
 
 
 def test_a_chat_request_may_carry_its_setting_in_chat_template_kwargs():
     """sglang-router forwards `chat_template_kwargs` and drops `mm_processor_kwargs`."""
     assert chat_processor_kwargs({"video_pruning_rate": 0.75}, None) == {"video_pruning_rate": 0.75}
-    assert chat_processor_kwargs({"video_retention_ratio": 0.5, "enable_thinking": False}, {"fps": 2}) == {
-        "fps": 2,
-        "video_retention_ratio": 0.5,
-    }
+    vidcom2 = {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.5}
+    assert chat_processor_kwargs({**vidcom2, "enable_thinking": False}, {"fps": 2}) == {"fps": 2, **vidcom2}
     assert chat_processor_kwargs({"enable_thinking": False}, {"fps": 2}) == {"fps": 2}
     assert chat_processor_kwargs(None, None) is None
 
@@ -101,9 +126,8 @@ def test_mm_processor_kwargs_win_over_chat_template_kwargs():
     """`chat_template_kwargs` may hold a server-wide default (SGLang merges its default template kwargs in)."""
     own = {"video_pruning_rate": 0.25}
     assert chat_processor_kwargs({"video_pruning_rate": 0.75}, own) == own
-    assert chat_processor_kwargs({"video_retention_ratio": 0.5}, own) == own
-    with pytest.raises(ValueError, match="video_pruning_rate"):
-        chat_processor_kwargs({"video_pruning_rate": 0.75}, {"video_pruning_rate": 2})
+    # a setting the request's own kwargs leave out still comes over
+    assert chat_processor_kwargs({"video_pruning_method": "vidcom2"}, own) == {"video_pruning_method": "vidcom2", **own}
 
 
 def test_the_chat_hook_hands_the_setting_to_the_generate_request():

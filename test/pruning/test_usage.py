@@ -3,17 +3,16 @@
 import asyncio
 from types import SimpleNamespace
 
-from sglang_evs.evs.methods import EVS, VIDCOM2
+from sglang_evs.methods import EVS, VIDCOM2
 from sglang_evs.pruning import usage
-from sglang_evs.pruning.fields import PrunedVideo
+from sglang_evs.pruning.fields import VideoTokenCounts
 from sglang_evs.pruning.settings import Pruning
 
 
-def test_usage_fields_name_the_method_and_its_setting():
-    assert usage.usage_fields(Pruning(VIDCOM2, 0.75, 0.25), 400, 100) == {
+def test_usage_fields_name_the_two_settings_as_applied():
+    assert usage.usage_fields(Pruning(VIDCOM2, 0.75), 400, 100) == {
         "video_pruning_method": "vidcom2",
         "video_pruning_rate": 0.75,
-        "video_retention_ratio": 0.25,
         "video_tokens_before_pruning": 400,
         "video_tokens_after_pruning": 100,
     }
@@ -22,7 +21,7 @@ def test_usage_fields_name_the_method_and_its_setting():
 def test_every_output_carries_the_counts_even_when_consumers_read_mid_batch():
     """Like SGLang's handler: append an output per request, wake its consumer and yield after each."""
     rids = ["a", "b", "c"]
-    usage.record_usage(["a", "c"], Pruning(EVS, 0.5, 0.5), [PrunedVideo(400, 200)])
+    usage.record_usage(["a", "c"], Pruning(EVS, 0.5), [VideoTokenCounts(400, 200)])
     states = {rid: SimpleNamespace(out_list=[], finished=rid != "c", event=asyncio.Event()) for rid in rids}
     manager = SimpleNamespace(rid_to_state=dict(states))
     seen: dict[str, dict] = {}

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from sglang_evs import sglang_compat
-from sglang_evs.evs.methods import EVS
+from sglang_evs.methods import EVS
 from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import METHOD, RATE, REGION_IDS, REGION_POSITIONS, region_keep
 from sglang_evs.pruning.videos import PrunedVideos, agreed_masks

@@ -431,7 +431,7 @@ def counted_routing(upstream: Any):
     targets = {
         "upstream_routine": (importlib.import_module(type(upstream).__module__), "general_mm_embed_routine"),
         "ours_routine": (adapter, "general_mm_embed_routine"),
-        "ours_post_process": (adapter, "post_process"),
+        "ours_post_process": (adapter, "fill_graph_inputs"),
     }
     counts = dict.fromkeys(targets, 0)
     originals = {key: getattr(module, name) for key, (module, name) in targets.items()}

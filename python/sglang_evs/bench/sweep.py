@@ -28,7 +28,7 @@ from pathlib import Path
 from sglang_evs.bench.measure import DEFAULT_RATES
 from sglang_evs.bench.modes import compare_methods, lengths, load, overhead, paired, sweep
 from sglang_evs.bench.report import plot_lengths, plot_sweep, report
-from sglang_evs.evs import METHODS
+from sglang_evs.methods import METHODS
 from sglang_evs.testing.tiny_model import PROFILES
 
 

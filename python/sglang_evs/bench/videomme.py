@@ -25,7 +25,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_evs.evs import METHODS
+from sglang_evs.methods import METHODS
 
 PROMPT = (
     "Select the best answer to the following multiple-choice question based on the video. "

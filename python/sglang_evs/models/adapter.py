@@ -6,8 +6,8 @@ its language model class (upstream's plus `ReadsGraphInputs`) and whether its vi
 The deepstack levels are the vision tower's (`num_deepstack_embeddings`, 0 where upstream has none).
 The rest is here:
   - `attach`: the language model's fixed-address `GraphInputs` and the model's `PrunedVideos`;
-  - `post_process`: the routine's hook (multimodal/contract.py), every forward;
-  - `forward`: upstream's forward, through the generic embedding routine.
+  - `post_process`: the routine's hook (multimodal/contract.py), every forward: `fill_graph_inputs`;
+  - `forward`: upstream's forward, through the generic embedding routine: `forward_through_routine`.
 """
 
 import logging
@@ -58,14 +58,14 @@ class AdaptedModel:
         return self.pruned_videos.features(items)
 
     def post_process(self, fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]:
-        return post_process(self, fetched, layout)
+        return fill_graph_inputs(self, fetched, layout)
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, get_embedding=False,
                 pp_proxy_tensors=None):  # fmt: skip
         # `input_embeds` is accepted and unused, as upstream Qwen2-VL's: the routine computes them.
         if getattr(self, "language_model_only", False):
             return super().forward(input_ids, positions, forward_batch, get_embedding, pp_proxy_tensors)
-        return forward(self, input_ids, positions, forward_batch, get_embedding, pp_proxy_tensors)
+        return forward_through_routine(self, input_ids, positions, forward_batch, get_embedding, pp_proxy_tensors)
 
 
 def attach(model, config, language_model_cls: type, deepstack_levels: int, encode_videos) -> None:
@@ -104,7 +104,7 @@ def attach(model, config, language_model_cls: type, deepstack_levels: int, encod
         )
 
 
-def post_process(model, fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]:
+def fill_graph_inputs(model, fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]:
     """Extend forwards: positions (pruned ones exact) and deepstack rows into the fixed buffers,
     carried on the batch; the main channels are returned for scattering."""
     forward_batch = layout.forward_batch
@@ -136,7 +136,7 @@ def _split_deepstack(fetched: list[FetchedEmbedding], carried: CarriedInputs, hi
 
 
 @torch.no_grad()
-def forward(model, input_ids, positions, forward_batch, get_embedding=False, pp_proxy_tensors=None):
+def forward_through_routine(model, input_ids, positions, forward_batch, get_embedding=False, pp_proxy_tensors=None):
     """Upstream's forward with the generic routine (and no deepstack argument)."""
     if model.is_mrope_enabled:
         positions = forward_batch.mrope_positions

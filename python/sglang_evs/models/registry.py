@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 class Entry(NamedTuple):
     ours: str  # "module:Class" under sglang_evs.models
     upstream: str  # the upstream class's name in sglang_compat
-    evs: bool = True  # videos pruned: the pruning processor replaces upstream's Qwen-VL one
 
 
 # Every SGLang architecture whose model runs upstream Qwen3-VL's forward is here: that forward
@@ -25,17 +24,15 @@ MODELS: dict[str, Entry] = {
     "Qwen2_5_VLForConditionalGeneration": Entry("qwen2_vl:Qwen2_5_VLForConditionalGeneration", "UpstreamQwen2_5_VL"),
     "Qwen2VLForConditionalGeneration": Entry("qwen2_vl:Qwen2VLForConditionalGeneration", "UpstreamQwen2VL"),
     "InternS1ProForConditionalGeneration": Entry(
-        "qwen3_vl_derived:InternS1ProForConditionalGeneration", "UpstreamInternS1Pro", evs=False
+        "qwen3_vl_derived:InternS1ProForConditionalGeneration", "UpstreamInternS1Pro"
     ),
     "InternS2MobiusForConditionalGeneration": Entry(
-        "qwen3_vl_derived:InternS2MobiusForConditionalGeneration", "UpstreamInternS2Mobius", evs=False
+        "qwen3_vl_derived:InternS2MobiusForConditionalGeneration", "UpstreamInternS2Mobius"
     ),
     "InternS2PreviewForConditionalGeneration": Entry(
-        "qwen3_vl_derived:InternS2PreviewForConditionalGeneration", "UpstreamInternS2Preview", evs=False
+        "qwen3_vl_derived:InternS2PreviewForConditionalGeneration", "UpstreamInternS2Preview"
     ),
-    "Cosmos3ForConditionalGeneration": Entry(
-        "qwen3_vl_derived:Cosmos3ForConditionalGeneration", "UpstreamCosmos3", evs=False
-    ),
+    "Cosmos3ForConditionalGeneration": Entry("qwen3_vl_derived:Cosmos3ForConditionalGeneration", "UpstreamCosmos3"),
 }
 
 
@@ -48,10 +45,11 @@ def model_class(architecture: str) -> Any | None:
 
 
 def upstream_classes() -> list[Any]:
-    """The upstream classes whose processor is the pruning one."""
+    """The upstream classes whose processor is the pruning one: those of our classes that prune videos
+    (`AdaptedModel.prunes_videos`, the one place that says so)."""
     from sglang_evs import sglang_compat
 
-    return [sglang_compat.resolve(entry.upstream) for entry in MODELS.values() if entry.evs]
+    return [sglang_compat.resolve(entry.upstream) for name, entry in MODELS.items() if model_class(name).prunes_videos]
 
 
 def resolve_model_cls_around(original, registry, architectures):

@@ -1,6 +1,6 @@
 """What a pruned video item carries from the tokenizer process to the model, and region helpers.
 
-Neutral ground: the tokenizer side (`layout.py`) writes these fields, the model side
+Neutral ground: the tokenizer side (`regions.py`) writes these fields, the model side
 (`videos.py`) reads them; neither imports the other.
 """
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-METHOD = "evs_pruning_method"  # the pruning method's name (evs.METHODS)
+METHOD = "evs_pruning_method"  # the pruning method's name (methods.METHODS)
 RATE = "evs_pruning_rate"  # q in (0, 1)
 REGION_IDS = "evs_region_ids"  # [len(R)] int64, unpruned region token ids
 REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region
@@ -17,7 +17,7 @@ VIDEO_TOKENS = "evs_video_tokens"  # (before, after) pruning
 
 
 @dataclass(frozen=True)
-class PrunedVideo:
+class VideoTokenCounts:
     before: int
     after: int
 

@@ -11,7 +11,7 @@ import time
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.pruning.layout import prune_video_layout
+from sglang_evs.pruning.regions import prune_video_regions
 from sglang_evs.pruning.settings import conflicting_setup, refuse_unsupported, request_pruning, server_pruning
 from sglang_evs.pruning.usage import record_usage
 
@@ -42,11 +42,10 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
         self.conflict = conflicting_setup(server_args)
         refuse_unsupported(self.pruning, self.conflict)
         logging.getLogger("sglang_evs").info(
-            "sglang-evs: %s processor with video pruning, default %s (%s=%s)",
+            "sglang-evs: %s processor with video pruning, default video_pruning_method=%s video_pruning_rate=%s",
             hf_config.architectures[0] if getattr(hf_config, "architectures", None) else "VLM",
             self.pruning.method.name,
-            self.pruning.method.setting,
-            self.pruning.setting_value,
+            self.pruning.rate,
         )
 
     async def load_mm_data(self, *args, **kwargs):
@@ -61,7 +60,7 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
         output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
         if pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
             merge = self.hf_config.vision_config.spatial_merge_size
-            videos = prune_video_layout(output, pruning, merge, self.VIDEO_TOKEN_ID)
+            videos = prune_video_regions(output, pruning, merge, self.VIDEO_TOKEN_ID)
             record_usage(getattr(request_obj, "rid", None), pruning, videos)
             for video in videos:
                 name = pruning.method.name

@@ -1,66 +1,77 @@
 """Which pruning method and rate apply to a request: the server's default, or the request's own.
 
-Two settings, vLLM's names, at most one of them at a time:
-  - `video_pruning_rate` q in [0, 1): EVS;
-  - `video_retention_ratio` r in (0, 1]: VidCom2 at q = 1 - r.
-The server default comes from the model config (`--json-model-override-args`); a request's
-`mm_processor_kwargs` may name either setting, whatever method the server default uses.
-A chat request may also name it in `chat_template_kwargs`, the field sglang-router forwards
-(0.3.2 rebuilds requests and drops `mm_processor_kwargs`); `chat_processor_kwargs` moves it over
-when `mm_processor_kwargs` names none.
+vLLM's two settings: `video_pruning_method` ("evs" | "vidcom2", default "evs") and
+`video_pruning_rate` q in [0, 1), the fraction of video tokens pruned, for either method.
+The server default comes from the model config (`--json-model-override-args`, or
+`python -m sglang_evs.launch_server --video-pruning-method M --video-pruning-rate Q`); a request's
+`mm_processor_kwargs` may name the method, the rate or both, and what it leaves out is the
+server's. A chat request may also name them in `chat_template_kwargs`, the field sglang-router
+forwards (0.3.2 rebuilds requests and drops `mm_processor_kwargs`); `chat_processor_kwargs` moves
+over those `mm_processor_kwargs` does not name. `video_retention_ratio` (this project's former
+VidCom2 setting) is refused with what to write instead.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sglang_evs.evs import METHODS, PRUNING_RATE_SETTING, PruningMethod, method_from_settings
-from sglang_evs.evs.methods import EVS
+from sglang_evs.methods import (
+    DEFAULT_METHOD,
+    PRUNING_METHOD_SETTING,
+    PRUNING_RATE_SETTING,
+    PruningMethod,
+    check_pruning_rate,
+    method_named,
+)
+
+SETTINGS = (PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING)
+RETIRED_SETTING = "video_retention_ratio"
 
 
 @dataclass(frozen=True)
 class Pruning:
     method: PruningMethod
     rate: float  # q in [0, 1); 0 prunes nothing, whatever the method
-    setting_value: object  # what the user set: q for EVS, the retention ratio for VidCom2
 
     @property
     def prunes(self) -> bool:
         return self.rate > 0.0
 
 
-NO_PRUNING = Pruning(EVS, 0.0, 0.0)
+NO_PRUNING = Pruning(DEFAULT_METHOD, 0.0)
 
 
-def _selected(settings: dict) -> Pruning | None:
-    found = method_from_settings(settings)
-    if found is None:
-        return None
-    method, rate = found
-    return Pruning(method, rate, settings[method.setting])
+def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
+    """The method and rate `settings` name, each falling back to `default`'s; ValueError naming the
+    setting when a value is invalid or the retired `video_retention_ratio` is given."""
+    if settings.get(RETIRED_SETTING) is not None:
+        raise ValueError(
+            f"{RETIRED_SETTING} is no longer read: write {PRUNING_METHOD_SETTING}='vidcom2' and "
+            f"{PRUNING_RATE_SETTING}=1 - {RETIRED_SETTING} (vLLM's settings)"
+        )
+    name, rate = settings.get(PRUNING_METHOD_SETTING), settings.get(PRUNING_RATE_SETTING)
+    return Pruning(
+        default.method if name is None else method_named(name),
+        default.rate if rate is None else check_pruning_rate(rate),
+    )
 
 
 def server_pruning(hf_config) -> Pruning:
     """The server-wide default; raises ValueError naming the setting if it is invalid."""
-    settings = {method.setting: getattr(hf_config, method.setting, None) for method in METHODS.values()}
-    return _selected(settings) or NO_PRUNING
+    return pruning_from({key: getattr(hf_config, key, None) for key in (*SETTINGS, RETIRED_SETTING)}, NO_PRUNING)
 
 
 def request_pruning(request_obj, default: Pruning) -> Pruning:
-    """The request's own setting if it gives one (ValueError naming it if invalid), else `default`."""
-    return pruning_from_kwargs(getattr(request_obj, "mm_processor_kwargs", None), default)
-
-
-def pruning_from_kwargs(mm_processor_kwargs: dict | None, default: Pruning) -> Pruning:
-    """The setting a request's `mm_processor_kwargs` give (ValueError naming it if invalid), else `default`."""
-    return _selected(mm_processor_kwargs or {}) or default
+    """The request's own settings over `default` (ValueError naming the setting if invalid)."""
+    return pruning_from(getattr(request_obj, "mm_processor_kwargs", None) or {}, default)
 
 
 def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs: dict | None) -> dict | None:
-    """A chat request's `mm_processor_kwargs`, given the pruning setting its `chat_template_kwargs` name
-    when it names none itself (its own wins: `chat_template_kwargs` may hold a server-wide default)."""
-    carried = {m.setting: v for m in METHODS.values() if (v := (chat_template_kwargs or {}).get(m.setting)) is not None}
-    if not carried or method_from_settings(mm_processor_kwargs or {}) is not None:
-        return mm_processor_kwargs
-    return {**(mm_processor_kwargs or {}), **carried}
+    """A chat request's `mm_processor_kwargs`, given the pruning settings its `chat_template_kwargs` name
+    that it does not name itself (its own win: `chat_template_kwargs` may hold a server-wide default)."""
+    keys = (*SETTINGS, RETIRED_SETTING)  # the retired one travels too, to be refused by name
+    own = {key: value for key, value in (mm_processor_kwargs or {}).items() if value is not None}
+    carried = {key: value for key in keys if (value := (chat_template_kwargs or {}).get(key)) is not None}
+    return {**carried, **own} if carried.keys() - own.keys() else mm_processor_kwargs
 
 
 def conflicting_setup(server_args) -> str | None:
@@ -91,8 +102,7 @@ DISAGGREGATED_ROLES = {
 def refuse_unsupported(pruning: Pruning, conflict: str | None) -> None:
     """ValueError naming the setting and `conflict` (a `conflicting_setup` answer) if both are there."""
     if pruning.prunes and conflict is not None:
-        setting = pruning.method.setting
         raise ValueError(
-            f"{setting}={pruning.setting_value}: video pruning ({pruning.method.name}) is not supported with "
-            f"{conflict} yet; unset {setting} (or set {PRUNING_RATE_SETTING} to 0) or serve without {conflict}"
+            f"{PRUNING_RATE_SETTING}={pruning.rate}: video pruning ({pruning.method.name}) is not supported with "
+            f"{conflict} yet; set {PRUNING_RATE_SETTING} to 0 (or unset it) or serve without {conflict}"
         )

@@ -7,7 +7,7 @@ response's meta info, so a request's counts are handed over in this process.
 
 from collections import OrderedDict
 
-from sglang_evs.evs import PRUNING_RATE_SETTING
+from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
 from sglang_evs.pruning.settings import Pruning
 
 _by_request: OrderedDict[str, dict] = OrderedDict()
@@ -16,11 +16,10 @@ _counters = None
 
 
 def usage_fields(pruning: Pruning, before: int, after: int) -> dict:
-    """The meta-info fields of one request: method, its setting as given, q, and the token counts."""
+    """The meta-info fields of one request: the two settings as applied, and the token counts."""
     return {
-        "video_pruning_method": pruning.method.name,
+        PRUNING_METHOD_SETTING: pruning.method.name,
         PRUNING_RATE_SETTING: pruning.rate,
-        pruning.method.setting: pruning.setting_value,  # the retention ratio, for VidCom2
         "video_tokens_before_pruning": before,
         "video_tokens_after_pruning": after,
     }

@@ -9,7 +9,7 @@ A model adapter owns one `PrunedVideos` and routes two things through it:
     tokens between groups (zero in the extra columns) elsewhere;
   - its `post_process` calls `write_positions(layout, positions)` for the positions the
     language model will read.
-The tokenizer side (`layout.py`) laid the region out and left its unpruned ids and positions
+The tokenizer side (`regions.py`) laid the region out and left its unpruned ids and positions
 on the item (`fields.py`).
 
 Under tensor parallelism every rank of a batch computes the masks, and rank 0's are broadcast to the
@@ -26,7 +26,7 @@ import torch
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.evs import METHODS
+from sglang_evs.methods import METHODS
 from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import METHOD, RATE, REGION_IDS, REGION_POSITIONS, is_pruned, region_keep
 from sglang_evs.pruning.settings import server_pruning
@@ -74,7 +74,7 @@ class PrunedVideos:
         start = time.perf_counter()
         rows_per_item = encoded.split([n // merge**2 for n in patches])
         pruned = [(item, rows) for item, rows in zip(items, rows_per_item, strict=True) if is_pruned(item)]
-        own = [self._keep_mask(item, rows) for item, rows in pruned]
+        own = [self._compute_keep_mask(item, rows) for item, rows in pruned]
         if os.environ.get(PERTURB_MASKS_ENV) and self.rank_group is not None and self.rank_group.rank_in_group:
             own = [~mask for mask in own]
         masks = agreed_masks(own, self.rank_group)
@@ -90,7 +90,7 @@ class PrunedVideos:
             trace.record("mask_and_fill", items=[item.hash for item in items], ms=(time.perf_counter() - start) * 1e3)
         return out
 
-    def _keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
+    def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
         grid = item.video_grid_thw.reshape(-1, 3)[0].tolist()
         method = METHODS[item.model_specific_data[METHOD]]
         return method.retention_mask(rows, grid, self.spatial_merge_size, item.model_specific_data[RATE])
@@ -120,7 +120,7 @@ class PrunedVideos:
                 if lo >= hi:
                     continue
                 region_ids = item.model_specific_data[REGION_IDS]
-                keep = region_keep(region_ids, self.video_token_id, self.mask_encoding_again_if_forgotten(item))
+                keep = region_keep(region_ids, self.video_token_id, self.keep_mask(item))
                 exact = item.model_specific_data[REGION_POSITIONS][:, keep][:, lo - start : hi - start]
                 window = slice(token_base + lo - prefix, token_base + hi - prefix)
                 positions[:, window] = exact.to(positions.device, positions.dtype)
@@ -128,7 +128,7 @@ class PrunedVideos:
                     trace.record("evs_positions", item=item.hash, chunk=[prefix, prefix + extend], region=[lo, hi])
             token_base += extend
 
-    def mask_encoding_again_if_forgotten(self, item) -> torch.Tensor:
+    def keep_mask(self, item) -> torch.Tensor:
         """The item's keep-mask; if it was forgotten (embedding-cache hit long after encoding),
         the video goes through the vision tower again."""
         mask = self.masks.get(item.hash)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_evs.evs import METHODS
+from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -20,10 +20,9 @@ def chat_prompt(*media: str, text: str = "Describe this.") -> str:
 
 
 def pruning_setting(rate: float, method: str = "evs") -> dict:
-    """The setting that prunes at ``rate`` with ``method``: ``{"video_pruning_rate": q}`` (EVS) or
-    ``{"video_retention_ratio": 1 - q}`` (VidCom2)."""
-    chosen = METHODS[method]
-    return {chosen.setting: chosen.setting_value(rate)}
+    """The settings that prune at ``rate`` with ``method``: ``{"video_pruning_method": method,
+    "video_pruning_rate": rate}``."""
+    return {PRUNING_METHOD_SETTING: method, PRUNING_RATE_SETTING: rate}
 
 
 def per_request_rate(rate: float, method: str = "evs", field: str = "mm_processor_kwargs") -> dict:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_evs.evs import canonical_keep_mask, canonical_kept_per_group
+from sglang_evs.methods import canonical_keep_mask, canonical_kept_per_group
 
 
 def test_canonical_split_examples() -> None:

@@ -1,7 +1,7 @@
 """Independent EVS oracle for the tests: the spec's rule (evs-spec.md section 1) in plain Python.
 
 One cosine per cell (torch's, in the embedding dtype, so bf16 ties are the
-ones the model sees; fp16 in fp32, as `sglang_evs.evs.selection` documents),
+ones the model sees; fp16 in fp32, as `sglang_evs.methods.evs` documents),
 then Python's stable `sorted` on the scores, no tensor sort.
 """
 

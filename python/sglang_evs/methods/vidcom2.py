@@ -1,8 +1,9 @@
 """VidCom2 (Liu et al., "Video Compression Commander", arXiv 2505.14454): which video tokens to keep.
 
 Same input as EVS: one video's merged vision rows ``[T * tpf, D]``, frame
-(temporal group) by frame, row-major, ``tpf = (H / m) * (W / m)``.  The rate
-is ``q = 1 - retention ratio``.
+(temporal group) by frame, row-major, ``tpf = (H / m) * (W / m)``; the same
+pruning rate ``q`` (vLLM's ``video_pruning_rate``; the paper's retention
+ratio is ``1 - q``).
 
 1. Score on the lowest-variance half of the channels (variance over all rows).
 2. L2-normalise each row; centres: the whole video's mean and each frame's mean.
@@ -25,13 +26,10 @@ released wheel).
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 import torch.nn.functional as F
 
-from .selection import GridTHW, check_video_rows
+from .inputs import GridTHW, check_pruning_rate, check_video_rows
 
 __all__ = ["retained_token_count", "retention_mask"]
 
@@ -40,16 +38,9 @@ TEMPERATURE = 0.01  # of the softmax over frame distinctiveness
 CHANNEL_FRACTION = 0.5  # lowest-variance channels scored
 
 
-def _rate(pruning_rate: object) -> float:
-    ok = isinstance(pruning_rate, numbers.Real) and not isinstance(pruning_rate, bool)
-    if not ok or math.isnan(float(pruning_rate)) or not 0.0 <= float(pruning_rate) < 1.0:  # type: ignore[arg-type]
-        raise ValueError(f"VidCom2 pruning_rate (1 - retention ratio) must be in [0, 1), got {pruning_rate!r}")
-    return float(pruning_rate)  # type: ignore[arg-type]
-
-
 def retained_token_count(tokens_per_frame: int, num_frames: int, pruning_rate: float) -> int:
     """Rows VidCom2 keeps: ``max(T, min(int(T * tpf * (1 - q)), T * tpf))``, never fewer than ``T``."""
-    q = _rate(pruning_rate)
+    q = check_pruning_rate(pruning_rate)
     tpf, t = int(tokens_per_frame), int(num_frames)
     if tpf < 1 or t < 1:
         raise ValueError(f"tokens_per_frame and num_frames must be >= 1, got {tpf}, {t}")
@@ -74,7 +65,7 @@ def retention_mask(
         video_embeds: ``[T * h * w, D]`` merged vision rows.
         grid_thw: ``(T, H, W)`` before merging; ``h = H / m``, ``w = W / m``.
         spatial_merge_size: ``m``.
-        pruning_rate: ``q = 1 - retention ratio`` in ``[0, 1)``.
+        pruning_rate: ``q`` in ``[0, 1)``.
 
     Returns:
         ``[T * h * w]`` bool on ``video_embeds.device`` with exactly
@@ -84,7 +75,7 @@ def retention_mask(
     t, h, w = check_video_rows(video_embeds, grid_thw, spatial_merge_size)
     tpf = h * w
     target = retained_token_count(tpf, t, pruning_rate)
-    q = _rate(pruning_rate)
+    q = check_pruning_rate(pruning_rate)
 
     # 1-3: similarity of every row to the video and to its frame
     variance = video_embeds.var(dim=0, unbiased=False)

@@ -7,7 +7,7 @@ and its positions are whatever the model family's upstream `get_rope_index` comp
 Before encoding, the keep-mask is unknown but the pruned length is not
 (the method's `retained_token_count`). Each pruned video becomes ONE placeholder region
 spanning from its first pad to its last pad (framing tokens of groups 1..T-1
-included), laid out with the canonical split (`evs.canonical_keep_mask`).
+included), laid out with the canonical split (`methods.canonical_keep_mask`).
 After encoding, the model fills the region with the true layout: the
 unpruned region minus the pruned pads (framing slots get their token's text
 embedding) and writes the region's true M-RoPE positions.
@@ -23,14 +23,14 @@ import copy
 import torch
 
 from sglang_evs import sglang_compat as sglang
-from sglang_evs.evs import canonical_keep_mask
+from sglang_evs.methods import canonical_keep_mask
 from sglang_evs.pruning.fields import (
     METHOD,
     RATE,
     REGION_IDS,
     REGION_POSITIONS,
     VIDEO_TOKENS,
-    PrunedVideo,
+    VideoTokenCounts,
     pruning_aware_hash,
     region_keep,
 )
@@ -64,10 +64,10 @@ def split_bundled_videos(items: list) -> list:
     return out
 
 
-def prune_video_layout(output, pruning: Pruning, spatial_merge_size: int, video_token_id: int):
+def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video_token_id: int):
     """Shorten every video of an SGLang `MultimodalProcessorOutput` to its pruned length, in place.
 
-    Returns the list of PrunedVideo (token counts before/after), one per video.
+    Returns the list of VideoTokenCounts (token counts before/after), one per video.
     """
     output.mm_items = split_bundled_videos(output.mm_items)
     ids = torch.as_tensor(output.input_ids, dtype=torch.int64)
@@ -87,7 +87,7 @@ def prune_video_layout(output, pruning: Pruning, spatial_merge_size: int, video_
         item.set(REGION_IDS, region_ids)
         item.set(REGION_POSITIONS, positions[:, start:end].clone())
         item.set(VIDEO_TOKENS, (t * h * w, kept))
-        stats.append(PrunedVideo(t * h * w, kept))
+        stats.append(VideoTokenCounts(t * h * w, kept))
 
     new_index = torch.cumsum(keep, 0) - 1  # old token index -> new token index (for kept tokens)
     for item in output.mm_items:

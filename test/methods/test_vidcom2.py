@@ -1,4 +1,4 @@
-"""Tests of sglang_evs.evs.vidcom2.
+"""Tests of sglang_evs.methods.vidcom2.
 
 Oracles: the algorithm restated in float64 with stable sorts (vidcom2_oracle.py; for
 continuous fp32 inputs, which do not tie), and vLLM 0.33.0's released
@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from sglang_evs.evs import vidcom2
+from sglang_evs.methods import vidcom2
 
 from .vidcom2_oracle import oracle_mask
 

@@ -10,7 +10,7 @@ model fills the region with the true one after encoding.
 
 import torch
 
-from .selection import GridTHW, grid_tokens
+from .inputs import GridTHW, grid_tokens
 
 
 def canonical_kept_per_group(tokens_per_group: int, num_groups: int, kept: int) -> torch.Tensor:

@@ -1,11 +1,8 @@
 """Which video tokens EVS keeps.
 
 Efficient Video Sampling (arXiv 2510.14624) drops the merged vision tokens of
-a video that barely change from one temporal group to the next.  A video is
-``grid_thw = (T, H, W)`` before spatial merging; after merging with factor
-``m`` a temporal group (2 frames) is ``h x w = (H / m) x (W / m)`` tokens, and
-the encoder output has ``T * h * w`` rows, group by group, row-major inside a
-group.
+a video that barely change from one temporal group to the next (the grid and
+rows as in :mod:`.inputs`).
 
 * Score of cell ``(t, r, c)``: ``1 - cos(x[t, r, c], x[t - 1, r, c])`` for
   ``t >= 1`` (torch's default eps, computed in the embedding dtype); group 0
@@ -34,42 +31,13 @@ mask then still keeps exactly ``N`` rows.
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Sequence
-
 import torch
 
 from sglang_evs import sglang_compat
 
-__all__ = [
-    "PRUNING_RATE_SETTING",
-    "grid_tokens",
-    "retained_token_count",
-    "retention_mask",
-    "validate_pruning_rate",
-]
+from .inputs import GridTHW, check_pruning_rate, check_video_rows
 
-PRUNING_RATE_SETTING = "video_pruning_rate"
-
-GridTHW = Sequence[int] | torch.Tensor
-
-
-def validate_pruning_rate(pruning_rate: object) -> float:
-    """Return ``pruning_rate`` as a float, or raise ``ValueError``.
-
-    Valid rates are real numbers in ``[0, 1)``; booleans, NaN, strings and
-    ``None`` are rejected.  The message names the value and the setting.
-    """
-    ok = (
-        isinstance(pruning_rate, numbers.Real)
-        and not isinstance(pruning_rate, bool)
-        and not math.isnan(float(pruning_rate))
-        and 0.0 <= float(pruning_rate) < 1.0
-    )
-    if not ok:
-        raise ValueError(f"{PRUNING_RATE_SETTING} must be a number in [0, 1), got {pruning_rate!r}")
-    return float(pruning_rate)
+__all__ = ["retained_token_count", "retention_mask"]
 
 
 def retained_token_count(tokens_per_group: int, num_groups: int, pruning_rate: float) -> int:
@@ -78,31 +46,11 @@ def retained_token_count(tokens_per_group: int, num_groups: int, pruning_rate: f
     Float arithmetic then truncation, e.g. ``(10, 20, 0.9) -> 19``.  Depends
     only on the grid and the rate, so it is known before the encoder runs.
     """
-    q = validate_pruning_rate(pruning_rate)
+    q = check_pruning_rate(pruning_rate)
     tpf, t = int(tokens_per_group), int(num_groups)
     if tpf < 1 or t < 1:
         raise ValueError(f"tokens_per_group and num_groups must be >= 1, got {tpf}, {t}")
     return int(sglang_compat.resolve_file("evs_core").compute_retained_tokens_count(tpf, t, q))
-
-
-def grid_tokens(grid_thw: GridTHW, spatial_merge_size: int) -> tuple[int, int, int]:
-    """``(T, H, W)`` before merging -> ``(T, h, w)`` merged token grid."""
-    t, hh, ww = (int(v) for v in grid_thw)
-    m = int(spatial_merge_size)
-    if m < 1 or hh % m or ww % m or min(t, hh, ww) < 1:
-        raise ValueError(f"grid_thw {(t, hh, ww)} is not a positive grid divisible by spatial_merge_size {m}")
-    return t, hh // m, ww // m
-
-
-def check_video_rows(video_embeds: torch.Tensor, grid_thw: GridTHW, spatial_merge_size: int) -> tuple[int, int, int]:
-    """Validate ``video_embeds`` ``[T * h * w, D]`` against the grid; return ``(T, h, w)``."""
-    t, h, w = grid_tokens(grid_thw, spatial_merge_size)
-    if video_embeds.dim() != 2 or video_embeds.shape[0] != t * h * w:
-        raise ValueError(
-            f"video_embeds must be [{t * h * w}, D] for grid {tuple(int(v) for v in grid_thw)} and "
-            f"merge size {spatial_merge_size}, got {list(video_embeds.shape)}"
-        )
-    return t, h, w
 
 
 def retention_mask(
@@ -126,7 +74,7 @@ def retention_mask(
         (for finite rows).
     """
     t, h, w = check_video_rows(video_embeds, grid_thw, spatial_merge_size)
-    q = validate_pruning_rate(pruning_rate)
+    q = check_pruning_rate(pruning_rate)
     m = int(spatial_merge_size)
     x = video_embeds.float() if video_embeds.dtype == torch.float16 else video_embeds
     return sglang_compat.resolve_file("evs_core").compute_retention_mask(x, (t, h * m, w * m), m, q)

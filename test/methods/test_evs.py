@@ -1,4 +1,4 @@
-"""Tests of sglang_evs.evs.selection: kept count and keep-mask.
+"""Tests of sglang_evs.methods.evs: kept count and keep-mask.
 
 Oracles: the plain-Python rule in evs_oracle.py, and vLLM 0.33.0's released
 evs.py fetched at test time (the `vllm_evs` fixture; skipped without PyPI).
@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_evs import sglang_compat
-from sglang_evs.evs import retained_token_count, retention_mask, validate_pruning_rate
+from sglang_evs.methods import check_pruning_rate
+from sglang_evs.methods.evs import retained_token_count, retention_mask
 
 from .evs_oracle import keep_mask, kept_count
 
@@ -65,7 +66,7 @@ def test_retained_token_count_matches_vllm(vllm_evs: ModuleType) -> None:
 def test_invalid_pruning_rate_raises(bad: object) -> None:
     for call in (
         lambda: retained_token_count(4, 4, bad),  # type: ignore[arg-type]
-        lambda: validate_pruning_rate(bad),
+        lambda: check_pruning_rate(bad),
         lambda: retention_mask(torch.zeros(8, 3), (2, 2, 2), 1, bad),  # type: ignore[arg-type]
     ):
         with pytest.raises(ValueError, match="video_pruning_rate") as err:

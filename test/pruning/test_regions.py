@@ -1,11 +1,10 @@
 """The tokenizer-side rewrite: pruned length, final positions outside the video, rate-aware hashes."""
 
-import pytest
 import torch
 
-from sglang_evs.evs.methods import EVS, VIDCOM2
-from sglang_evs.pruning import layout as pruned_layout
-from sglang_evs.pruning.settings import NO_PRUNING, Pruning, request_pruning, server_pruning
+from sglang_evs.methods import EVS, VIDCOM2
+from sglang_evs.pruning import regions
+from sglang_evs.pruning.settings import Pruning
 
 VIDEO, VS, VE, IMG = 9, 7, 8, 6
 
@@ -57,7 +56,7 @@ def video_output():
 def test_video_shrinks_by_the_pruned_count_and_everything_else_keeps_its_place():
     out = video_output()
     ids_before, positions_before = list(out.input_ids), out.mrope_positions.clone()
-    (stats,) = pruned_layout.prune_video_layout(out, Pruning(EVS, 0.5, 0.5), spatial_merge_size=1, video_token_id=VIDEO)
+    (stats,) = regions.prune_video_regions(out, Pruning(EVS, 0.5), spatial_merge_size=1, video_token_id=VIDEO)
     kept = max(2, int(3 * 2 * (1 - 0.5)))  # the EVS count, written out
     assert (stats.before, stats.after) == (6, kept)
     assert len(out.input_ids) == len(ids_before) - (6 - kept)
@@ -68,15 +67,15 @@ def test_video_shrinks_by_the_pruned_count_and_everything_else_keeps_its_place()
     assert torch.equal(out.mrope_positions[:, end + 1 :], positions_before[:, -3:])  # final already
     assert end - start + 1 == len(ids_before) - 3 - 9 - (6 - kept)
     assert int(out.mrope_position_delta) == -7 + (6 - kept)
-    assert torch.equal(video.model_specific_data[pruned_layout.REGION_IDS], torch.tensor(ids_before[9:-3]))
+    assert torch.equal(video.model_specific_data[regions.REGION_IDS], torch.tensor(ids_before[9:-3]))
     assert out.padded_input_ids == ["padded", len(out.input_ids)]
 
 
 def test_method_and_rate_are_part_of_the_cache_key():
-    evs_half, evs_quarter, vidcom2_half = Pruning(EVS, 0.5, 0.5), Pruning(EVS, 0.25, 0.25), Pruning(VIDCOM2, 0.5, 0.5)
+    evs_half, evs_quarter, vidcom2_half = Pruning(EVS, 0.5), Pruning(EVS, 0.25), Pruning(VIDCOM2, 0.5)
     outputs = [video_output() for _ in range(4)]
     for out, pruning in zip(outputs, [evs_half, evs_quarter, evs_half, vidcom2_half], strict=True):
-        pruned_layout.prune_video_layout(out, pruning, 1, VIDEO)
+        regions.prune_video_regions(out, pruning, 1, VIDEO)
     a, b, c, d = (out.mm_items[1].hash for out in outputs)
     assert a == c and len({a, b, d}) == 3
 
@@ -86,40 +85,17 @@ def test_vidcom2_region_has_the_vidcom2_count():
     counts = {}
     for method in (EVS, VIDCOM2):
         out = video_output()
-        (stats,) = pruned_layout.prune_video_layout(out, Pruning(method, 0.75, 0.75), 1, VIDEO)
+        (stats,) = regions.prune_video_regions(out, Pruning(method, 0.75), 1, VIDEO)
         start, end = out.mm_items[1].offsets[0]
         pads = sum(1 for token in out.input_ids[start : end + 1] if token == VIDEO)
-        counts[method.name] = (stats.after, pads, out.mm_items[1].model_specific_data[pruned_layout.METHOD])
+        counts[method.name] = (stats.after, pads, out.mm_items[1].model_specific_data[regions.METHOD])
     assert counts == {"evs": (2, 2, "evs"), "vidcom2": (3, 3, "vidcom2")}
 
 
 def test_region_keep_follows_the_mask_over_pads():
     region = torch.tensor([VIDEO, VIDEO, VE, 12, VS, VIDEO, VIDEO])
-    keep = pruned_layout.region_keep(region, VIDEO, torch.tensor([True, True, False, True]))
+    keep = regions.region_keep(region, VIDEO, torch.tensor([True, True, False, True]))
     assert keep.tolist() == [True, True, True, True, True, False, True]
-
-
-def test_settings_pick_method_and_rate():
-    def config(**settings):
-        return type("Config", (), settings)()
-
-    def request(**kwargs):
-        return type("Request", (), {"mm_processor_kwargs": kwargs})()
-
-    assert server_pruning(config(video_pruning_rate=0.25)) == Pruning(EVS, 0.25, 0.25)
-    assert server_pruning(config(video_retention_ratio=0.25)) == Pruning(VIDCOM2, 0.75, 0.25)
-    assert server_pruning(object()) == NO_PRUNING and not NO_PRUNING.prunes
-    default = Pruning(EVS, 0.25, 0.25)
-    assert request_pruning(request(video_pruning_rate=0.75), default) == Pruning(EVS, 0.75, 0.75)
-    assert request_pruning(request(video_retention_ratio=0.5), default) == Pruning(VIDCOM2, 0.5, 0.5)
-    assert request_pruning(request(video_retention_ratio=None), default) == default
-    assert request_pruning(object(), default) == default
-    assert not request_pruning(request(video_retention_ratio=1.0), default).prunes
-    with pytest.raises(ValueError, match="not both"):
-        server_pruning(config(video_pruning_rate=0.5, video_retention_ratio=0.5))
-    for bad in (0, 1.5, "x"):
-        with pytest.raises(ValueError, match=r"video_retention_ratio must be a number in \(0, 1\]"):
-            request_pruning(request(video_retention_ratio=bad), default)
 
 
 def test_bundled_videos_are_split_into_one_item_each():
@@ -131,7 +107,7 @@ def test_bundled_videos_are_split_into_one_item_each():
     bundle.feature = torch.arange(80.0)[:, None].expand(80, 5).clone()
     bundle.model_specific_data = {"video_grid_thw": grids, "second_per_grid_ts": torch.tensor([1.0, 0.5])}
     image = MultimodalDataItem(modality=Modality.IMAGE, offsets=[(30, 33)])
-    first, second, kept_image = pruned_layout.split_bundled_videos([bundle, image])
+    first, second, kept_image = regions.split_bundled_videos([bundle, image])
     assert kept_image is image
     assert first.offsets == [(3, 10)] and second.offsets == [(15, 26)]
     assert torch.equal(first.feature[:, 0], torch.arange(32.0))

@@ -1,6 +1,6 @@
 """Independent VidCom2 oracle for the tests: the paper's selection restated in float64 and plain
 Python (stable sorts, one frame at a time). For continuous inputs, which do not tie, it equals
-`sglang_evs.evs.vidcom2.retention_mask`.
+`sglang_evs.methods.vidcom2.retention_mask`.
 """
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-"""Tests of the pure-torch EVS core (sglang_evs.evs)."""

@@ -1,0 +1,1 @@
+"""Tests of the pure-torch pruning methods (sglang_evs.methods)."""
