@@ -26,6 +26,27 @@ def is_pruned(item) -> bool:
     return RATE in item.model_specific_data
 
 
+def video_grids(item) -> torch.Tensor:
+    """[N, 3] (T, H, W) of each video an item holds (a Qwen2-VL-family item may bundle several)."""
+    return item.video_grid_thw.reshape(-1, 3)
+
+
+def video_grid(item) -> list[int]:
+    """(T, H, W) of a one-video item."""
+    return [int(v) for v in video_grids(item)[0]]
+
+
+def encoder_patches(item) -> int:
+    """Patches the vision tower takes for every video of the item."""
+    return int(video_grids(item).prod(dim=-1).sum())
+
+
+def region_span(item) -> tuple[int, int]:
+    """[start, end) of the item's tokens in the prompt: its first pad to its last (framing text between
+    temporal groups included, for one video split into a span per group)."""
+    return item.offsets[0][0], item.offsets[-1][1] + 1
+
+
 def region_keep(region_ids: torch.Tensor, video_token_id: int, pad_mask: torch.Tensor) -> torch.Tensor:
     """[len(R)] bool: which region tokens remain, given the [T*h*w] keep-mask over its pads."""
     keep = torch.ones_like(region_ids, dtype=torch.bool)

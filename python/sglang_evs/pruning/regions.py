@@ -33,6 +33,9 @@ from sglang_evs.pruning.fields import (
     VideoTokenCounts,
     pruning_aware_hash,
     region_keep,
+    region_span,
+    video_grid,
+    video_grids,
 )
 from sglang_evs.pruning.settings import Pruning
 
@@ -44,7 +47,7 @@ def split_bundled_videos(items: list) -> list:
     its rows of the per-video data (sliced as SGLang slices them), and a hash of its own."""
     out = []
     for item in items:
-        grids = item.video_grid_thw.reshape(-1, 3) if item.is_video() else None
+        grids = video_grids(item) if item.is_video() else None
         if grids is None or len(grids) == 1:
             out.append(item)
             continue
@@ -76,8 +79,8 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
     videos = [item for item in output.mm_items if item.is_video()]
     stats = []
     for item in videos:
-        grid = [int(x) for x in item.video_grid_thw.reshape(-1, 3)[0]]
-        start, end = item.offsets[0][0], item.offsets[-1][1] + 1
+        grid = video_grid(item)
+        start, end = region_span(item)
         region_ids = ids[start:end].clone()
         t, h, w = grid[0], grid[1] // spatial_merge_size, grid[2] // spatial_merge_size
         kept = pruning.method.retained_token_count(h * w, t, pruning.rate)
@@ -92,7 +95,7 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
     new_index = torch.cumsum(keep, 0) - 1  # old token index -> new token index (for kept tokens)
     for item in output.mm_items:
         if item.is_video():
-            start, end = item.offsets[0][0], item.offsets[-1][1] + 1
+            start, end = region_span(item)
             new_start = int(new_index[start])
             item.offsets = [(new_start, new_start + int(keep[start:end].sum()) - 1)]
         else:

@@ -28,7 +28,17 @@ from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.methods import METHODS
 from sglang_evs.multimodal.contract import BatchLayout
-from sglang_evs.pruning.fields import METHOD, RATE, REGION_IDS, REGION_POSITIONS, is_pruned, region_keep
+from sglang_evs.pruning.fields import (
+    METHOD,
+    RATE,
+    REGION_IDS,
+    REGION_POSITIONS,
+    encoder_patches,
+    is_pruned,
+    region_keep,
+    region_span,
+    video_grid,
+)
 from sglang_evs.pruning.settings import server_pruning
 
 # Tests only: every rank but rank 0 of a batch group inverts the keep-masks it computed, before the ranks
@@ -69,7 +79,7 @@ class PrunedVideos:
             return self._timed_encode(items)
         merge = self.spatial_merge_size
         # An unpruned item may still bundle several videos (Qwen2-VL family): count all its grids.
-        patches = [int(item.video_grid_thw.reshape(-1, 3).prod(dim=-1).sum()) for item in items]
+        patches = [encoder_patches(item) for item in items]
         encoded = torch.cat([self._timed_encode(group) for group in self._encoder_groups(items, patches)])
         start = time.perf_counter()
         rows_per_item = encoded.split([n // merge**2 for n in patches])
@@ -91,16 +101,15 @@ class PrunedVideos:
         return out
 
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
-        grid = item.video_grid_thw.reshape(-1, 3)[0].tolist()
         method = METHODS[item.model_specific_data[METHOD]]
-        return method.retention_mask(rows, grid, self.spatial_merge_size, item.model_specific_data[RATE])
+        return method.retention_mask(rows, video_grid(item), self.spatial_merge_size, item.model_specific_data[RATE])
 
     def _timed_encode(self, items: list) -> torch.Tensor:
         if not trace.enabled():
             return self.encode(items)
         start = time.perf_counter()
         encoded = self.encode(items)
-        patches = sum(int(item.video_grid_thw.reshape(-1, 3).prod(dim=-1).sum()) for item in items)
+        patches = sum(encoder_patches(item) for item in items)
         trace.record("video_encoded", items=[item.hash for item in items], patches=patches,
                      ms=(time.perf_counter() - start) * 1e3)  # fmt: skip
         return encoded
@@ -115,7 +124,7 @@ class PrunedVideos:
             for item in mm_inputs.mm_items if mm_inputs is not None else ():
                 if not (item.is_video() and is_pruned(item)):
                     continue
-                start, end = item.offsets[0][0], item.offsets[0][1] + 1
+                start, end = region_span(item)
                 lo, hi = max(start, prefix), min(end, prefix + extend)
                 if lo >= hi:
                     continue
