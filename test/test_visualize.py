@@ -11,7 +11,7 @@ from PIL import Image
 from sglang_evs import visualize
 from sglang_evs.testing import media
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "evs"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "methods"))
 from evs_oracle import keep_mask as evs_oracle_mask  # noqa: E402  (the EVS oracle written here)
 
 

@@ -68,6 +68,29 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen2Model": "sglang.srt.models.qwen2:Qwen2Model",
     # EVS maths (pure torch), used by sglang_evs.methods.evs through resolve_file()
     "evs_core": "sglang.srt.multimodal.evs.evs_core:",
+    # tools that run SGLang's pieces in their own process (visualize.py, bench/inprocess.py)
+    "preprocess_video": "sglang.srt.multimodal.processors.qwen_vl:preprocess_video",
+    "load_video": "sglang.srt.utils.common:load_video",
+    "one_batch": "sglang.benchmark.one_batch:",
+    "ServerArgs": "sglang.srt.server_args:ServerArgs",
+    "PortArgs": "sglang.srt.server_args:PortArgs",
+    "SpawnRanks": "sglang.srt.runtime_context:SpawnRanks",
+    "publish_server_args": "sglang.srt.runtime_context:publish",
+    "sglang_envs": "sglang.srt.environ:envs",
+    "set_default_torch_dtype": "sglang.srt.model_loader.utils:set_default_torch_dtype",
+    "get_mm_processor": "sglang.srt.managers.multimodal_processor:get_mm_processor",
+    "import_processors": "sglang.srt.managers.multimodal_processor:import_processors",
+    "get_processor_wrapper": "sglang.srt.managers.tokenizer_manager:get_processor_wrapper",
+    "determine_tensor_transport_mode": "sglang.srt.multimodal.transport:determine_tensor_transport_mode",
+    "Req": "sglang.srt.managers.schedule_batch:Req",
+    "ScheduleBatch": "sglang.srt.managers.schedule_batch:ScheduleBatch",
+    "MultimodalInputs": "sglang.srt.managers.schedule_batch:MultimodalInputs",
+    "SamplingParams": "sglang.srt.sampling.sampling_params:SamplingParams",
+    "GenerateReqInput": "sglang.srt.managers.io_struct:GenerateReqInput",
+    "duplicate_pad_mm_input_ids": "sglang.srt.managers.mm_utils:duplicate_pad_mm_input_ids",
+    "SpeculativeAlgorithm": "sglang.srt.speculative.spec_info:SpeculativeAlgorithm",
+    "ForwardContext": "sglang.srt.model_executor.forward_context:ForwardContext",
+    "forward_context": "sglang.srt.model_executor.forward_context:forward_context",
 }
 # What the plugin hooks (HookRegistry targets), name used in this package -> "module:attribute path".
 HOOK_TARGETS: dict[str, str] = {

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs.methods import METHODS
 
 KEPT_FRAME = (0, 255, 0)  # the first pixel of every kept cell; pruned cells are dimmed below 64
@@ -37,13 +38,11 @@ class KeptTokens:
 
 def kept_tokens(model_path: str | Path, clip: str | Path, rate: float, method: str = "evs") -> KeptTokens:
     """Encode ``clip`` with the checkpoint's vision tower and compute ``method``'s keep-mask at ``rate``."""
-    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
-    from sglang.srt.utils.common import load_video
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(model_path)
     model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
-    frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+    frames, metadata = asyncio.run(sglang.preprocess_video(sglang.load_video(str(clip), use_gpu=False)))
     # Qwen3-family processors take SGLang's sampling metadata (timestamps); Qwen2-family ones do not
     qwen3 = model.config.model_type.startswith("qwen3")
     extra = {"video_metadata": [metadata], "do_sample_frames": False} if qwen3 and metadata is not None else {}

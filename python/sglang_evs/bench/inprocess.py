@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs.bench.ratios import geometric_interval, median_interval
 
 VARIANTS = ("ours", "upstream")
@@ -114,35 +115,29 @@ def load_upstream_runner(settings: Settings) -> tuple[Any, Any, Any]:
 
 def cpu_server_args(model_dir: Path | str, **overrides: Any) -> Any:
     """ServerArgs of a float32 CPU runner without radix cache; `overrides` are further ServerArgs fields."""
-    from sglang.srt.server_args import ServerArgs
 
     fields = dict(model_path=str(model_dir), device="cpu", attention_backend="torch_native", dtype="float32",
                   max_total_tokens=16384, disable_radix_cache=True)  # fmt: skip
-    return ServerArgs(**{**fields, **overrides})
+    return sglang.ServerArgs(**{**fields, **overrides})
 
 
 def load_runner(args: Any) -> tuple[Any, Any]:
     """SGLang's ModelRunner in this process, as `sglang.benchmark.one_batch` loads it (publishing `args`
     process-wide), with whatever plugins the caller loaded: (runner, tokenizer)."""
-    from sglang.benchmark import one_batch
-    from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import PortArgs
 
     args.resolve_once()
-    one_batch._set_envs_and_config(args)
-    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))
-    one_batch._init_process_global_configs()
-    bench_runner, tokenizer = one_batch.load_model(args, PortArgs.init_new(args), 0, 0)
+    sglang.one_batch._set_envs_and_config(args)
+    sglang.publish_server_args(args, role="scheduler", ranks=sglang.SpawnRanks(world_rank=0, gpu_id=0))
+    sglang.one_batch._init_process_global_configs()
+    bench_runner, tokenizer = sglang.one_batch.load_model(args, sglang.PortArgs.init_new(args), 0, 0)
     init_embedding_cache()
     return bench_runner.torch_runner, tokenizer
 
 
 def init_embedding_cache() -> None:
     """SGLang's multimodal embedding cache, sized as the scheduler sizes it (one_batch builds none)."""
-    from sglang.srt.environ import envs
-    from sglang.srt.managers import mm_schedule
 
-    mm_schedule.init_mm_embedding_cache(envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024)
+    sglang.mm_schedule.init_mm_embedding_cache(sglang.sglang_envs.SGLANG_VLM_CACHE_SIZE_MB.get() * 1024 * 1024)
 
 
 def check_upstream(model: Any) -> str:
@@ -160,12 +155,11 @@ def check_upstream(model: Any) -> str:
 
 def our_model(upstream: Any, runner: Any) -> Any:
     """This project's adapter for the upstream model's architecture, sharing its parameters."""
-    from sglang.srt.model_loader.utils import set_default_torch_dtype
 
     from sglang_evs.models.registry import model_class
 
     cls = model_class(type(upstream).__name__)
-    with set_default_torch_dtype(runner.model_config.dtype), torch.device(runner.device):
+    with sglang.set_default_torch_dtype(runner.model_config.dtype), torch.device(runner.device):
         ours = cls(config=runner.model_config.hf_config, quant_config=None)
     share_tensors(ours, upstream)
     ours.shared_experts_config = getattr(upstream, "shared_experts_config", None)
@@ -192,13 +186,10 @@ def share_tensors(dst: torch.nn.Module, src: torch.nn.Module) -> None:
 
 def media_processor(runner: Any, server_args: Any) -> Any:
     """The multimodal processor SGLang's tokenizer manager builds for this model (no plugin: upstream's)."""
-    from sglang.srt.managers.multimodal_processor import get_mm_processor, import_processors
-    from sglang.srt.managers.tokenizer_manager import get_processor_wrapper
-    from sglang.srt.multimodal.transport import determine_tensor_transport_mode
 
-    import_processors("sglang.srt.multimodal.processors")
-    return get_mm_processor(runner.model_config.hf_config, server_args, get_processor_wrapper(),
-                            determine_tensor_transport_mode(), model_config=runner.model_config)  # fmt: skip
+    sglang.import_processors("sglang.srt.multimodal.processors")
+    return sglang.get_mm_processor(runner.model_config.hf_config, server_args, sglang.get_processor_wrapper(),
+                            sglang.determine_tensor_transport_mode(), model_config=runner.model_config)  # fmt: skip
 
 
 def make_request(runner: Any, processor: Any, tokenizer: Any, rid: str, prompt: str,
@@ -214,11 +205,9 @@ def make_request(runner: Any, processor: Any, tokenizer: Any, rid: str, prompt: 
 
 def new_request(rid: str, ids: Sequence[int], mm_inputs: Any = None, text: str = "") -> Any:
     """A scheduler `Req` of (padded) token ids and their media, ready to extend all its ids."""
-    from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.sampling.sampling_params import SamplingParams
 
-    req = Req(rid=rid, origin_input_text=text, origin_input_ids=array("q", ids),
-              sampling_params=SamplingParams(temperature=0, max_new_tokens=8))  # fmt: skip
+    req = sglang.Req(rid=rid, origin_input_text=text, origin_input_ids=array("q", ids),
+              sampling_params=sglang.SamplingParams(temperature=0, max_new_tokens=8))  # fmt: skip
     if mm_inputs is not None:
         req.extend_image_inputs(mm_inputs)
     req.full_untruncated_fill_ids = req.origin_input_ids
@@ -228,63 +217,54 @@ def new_request(rid: str, ids: Sequence[int], mm_inputs: Any = None, text: str =
 
 
 def _processed(runner: Any, processor: Any, prompt: str, images, videos, processor_kwargs) -> tuple[array, Any]:
-    from sglang.srt.managers.io_struct import GenerateReqInput
-    from sglang.srt.managers.mm_utils import duplicate_pad_mm_input_ids
-    from sglang.srt.managers.schedule_batch import MultimodalInputs
 
-    obj = GenerateReqInput(text=prompt, image_data=[str(p) for p in images] or None,
+    obj = sglang.GenerateReqInput(text=prompt, image_data=[str(p) for p in images] or None,
                            video_data=[str(p) for p in videos] or None,
                            mm_processor_kwargs=processor_kwargs)  # fmt: skip
     output = asyncio.run(
         processor.process_mm_data_async(image_data=obj.image_data, audio_data=None, input_text=prompt,
                                         request_obj=obj, max_req_input_len=runner.model_config.context_len)
     )  # fmt: skip
-    mm_inputs = MultimodalInputs.from_processor_output(
+    mm_inputs = sglang.MultimodalInputs.from_processor_output(
         output, requires_mm_token_modalities=runner.model_config.requires_mm_token_modalities
     )
     ids = array("q", output.input_ids)
     padded = mm_inputs.padded_input_ids
     if padded is not None and len(padded) == len(ids):
         return array("q", padded), mm_inputs
-    return duplicate_pad_mm_input_ids(ids, mm_inputs, runner.model.pad_input_ids), mm_inputs
+    return sglang.duplicate_pad_mm_input_ids(ids, mm_inputs, runner.model.pad_input_ids), mm_inputs
 
 
 def schedule_batch(runner: Any, reqs: list) -> Any:
-    from sglang.benchmark import one_batch
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.runtime_context import get_schedule
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    tree_cache = one_batch.TreeCacheNamespace(page_size=get_schedule().page_size, device=runner.device,
+    tree_cache = sglang.one_batch.TreeCacheNamespace(page_size=sglang.get_schedule().page_size, device=runner.device,
                                               token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator)  # fmt: skip
-    return ScheduleBatch.init_new(
+    return sglang.ScheduleBatch.init_new(
         reqs=reqs, req_to_token_pool=runner.req_to_token_pool,
         token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator, tree_cache=tree_cache,
-        model_config=runner.model_config, enable_overlap=False, spec_algorithm=SpeculativeAlgorithm.NONE,
+        model_config=runner.model_config, enable_overlap=False, spec_algorithm=sglang.SpeculativeAlgorithm.NONE,
     )  # fmt: skip
 
 
 def extend_batch(runner: Any, batch: Any) -> Any:
     """`prepare_for_extend` and the ForwardBatch of it."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     batch.prepare_for_extend()
     if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
         batch.input_ids = batch.prefill_input_ids_cpu
         batch.prefill_input_ids_cpu = None
-    return ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
+    return sglang.ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
 
 
 def decode_batch(runner: Any, batch: Any, next_ids: torch.Tensor) -> Any:
     """After an extend of `batch`: one decode step feeding `next_ids`, its ForwardBatch."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     for req, token in zip(batch.reqs, next_ids.tolist(), strict=True):
         req.output_ids.append(int(token))
     batch.output_ids = next_ids
     batch.input_ids = next_ids.to(torch.int64)
     batch.prepare_for_decode()
-    return ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
+    return sglang.ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
 
 
 # --- one timed call ------------------------------------------------------------------------------------
@@ -292,20 +272,17 @@ def decode_batch(runner: Any, batch: Any, next_ids: torch.Tensor) -> Any:
 
 @contextmanager
 def forward_context(runner: Any, batch: Any):
-    from sglang.srt.model_executor.forward_context import ForwardContext
-    from sglang.srt.model_executor.forward_context import forward_context as sglang_forward_context
 
-    with sglang_forward_context(ForwardContext(attn_backend=runner.attn_backend), forward_batch=batch):
+    with sglang.forward_context(sglang.ForwardContext(attn_backend=runner.attn_backend), forward_batch=batch):
         yield
 
 
 def timed_forward(runner: Any, model: Any, scenario: Scenario) -> tuple[float, torch.Tensor]:
     """Seconds of one `model.forward` on a fresh copy of the scenario's batch, and its next-token logits."""
-    from sglang.srt.managers import mm_schedule
 
     batch = scenario.fresh()
-    if mm_schedule.embedding_cache is not None:
-        mm_schedule.embedding_cache.clear()  # the vision encoder runs on every call
+    if sglang.mm_schedule.embedding_cache is not None:
+        sglang.mm_schedule.embedding_cache.clear()  # the vision encoder runs on every call
     runner.attn_backend.init_forward_metadata(batch)
     with torch.no_grad(), forward_context(runner, batch):
         start = time.perf_counter()
