@@ -48,7 +48,10 @@ class EditableWheelWithPth(editable_wheel):
 setup(
     name="sglang-evs",
     version="0.1.0",
-    description="Efficient Video Sampling (EVS) for Qwen3-VL in SGLang, exact under chunked prefill and prefix caching",
+    description=(
+        "Exact video-token pruning (EVS, VidCom2) for SGLang's Qwen VLMs (Qwen3-VL/-MoE, Qwen3.5/3.6, "
+        "Qwen2.5-VL, Qwen2-VL), as an SGLang plugin"
+    ),
     long_description=Path("README.md").read_text() if Path("README.md").exists() else "",
     long_description_content_type="text/markdown",
     license="Apache-2.0",
