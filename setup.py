@@ -1,49 +1,13 @@
+"""sglang-evs, the SGLang plugin. A GPU install is `pip install sglang-evs`: it brings SGLang 0.5.23
+(whose own requirements carry its GPU path, flashinfer included) and puts nothing in site-packages that
+runs at interpreter start; SGLang loads the plugin through its entry point. The CPU route's start-up
+hook is a distribution of its own, `scripts/cpu_route/setup.py`, which only `scripts/setup_env.sh`
+installs.
+"""
+
 from pathlib import Path
 
 from setuptools import find_packages, setup
-from setuptools.command.build_py import build_py
-from setuptools.command.editable_wheel import editable_wheel
-
-# The CPU runtime must be active in every Python process SGLang spawns, before
-# SGLang's own imports run there, so it starts from a .pth file at the root of
-# site-packages. Without SGLANG_USE_CPU_ENGINE=1 (any GPU install) it does nothing.
-PTH_NAME = "sglang_evs_cpu_runtime.pth"
-PTH_LINE = "import sglang_evs.runtime.bootstrap\n"
-
-
-class BuildPyWithPth(build_py):
-    """Regular wheels: ship the .pth beside the package."""
-
-    def run(self) -> None:
-        super().run()
-        (Path(self.build_lib) / PTH_NAME).write_text(PTH_LINE)
-
-    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
-        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PTH_NAME)]
-
-
-class _StrategyWithPth:
-    def __init__(self, strategy) -> None:
-        self.strategy = strategy
-
-    def __call__(self, wheel, files, mapping) -> None:
-        self.strategy(wheel, files, mapping)
-        wheel.writestr(PTH_NAME, PTH_LINE)
-
-    def __enter__(self):
-        self.strategy.__enter__()
-        return self
-
-    def __exit__(self, *exc_info):
-        return self.strategy.__exit__(*exc_info)
-
-
-class EditableWheelWithPth(editable_wheel):
-    """`pip install -e .`: setuptools builds editable wheels without build_py outputs."""
-
-    def _select_strategy(self, *args, **kwargs):
-        return _StrategyWithPth(super()._select_strategy(*args, **kwargs))
-
 
 setup(
     name="sglang-evs",
@@ -58,7 +22,7 @@ setup(
     python_requires=">=3.10",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    install_requires=["torch"],
+    install_requires=["torch", "sglang==0.5.23"],
     extras_require={
         "test": ["pytest", "pytest-timeout", "hypothesis", "ruff", "av", "requests", "openai"],
         "bench": ["matplotlib", "tqdm"],
@@ -66,5 +30,4 @@ setup(
     entry_points={
         "sglang.srt.plugins": ["sglang_evs = sglang_evs.plugin:load_plugin"],
     },
-    cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
 )

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${SGLANG_EVS_VENV:-.venv}
 STAMP="$VENV/.sglang-evs-installed"
-want=$(cat scripts/requirements-cpu.txt scripts/constraints-cpu.txt setup.py | sha256sum | cut -d' ' -f1)
+want=$(cat scripts/requirements-cpu.txt scripts/constraints-cpu.txt setup.py scripts/cpu_route/setup.py | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
@@ -23,13 +23,15 @@ known_noise=(
 pip_install() {
   "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2> >(grep -v -E "${known_noise[@]}" >&2)
 }
-echo "[1/4] torch 2.13 (CPU build)"
+echo "[1/5] torch 2.13 (CPU build)"
 pip_install -c scripts/constraints-cpu.txt "torch==2.13.0+cpu"
-echo "[2/4] sglang 0.5.23 (without its GPU-only dependencies)"
+echo "[2/5] sglang 0.5.23 (without its GPU-only dependencies)"
 pip_install --no-deps "sglang==0.5.23"
-echo "[3/4] what SGLang needs at import on the CPU route (scripts/requirements-cpu.txt)"
+echo "[3/5] what SGLang needs at import on the CPU route (scripts/requirements-cpu.txt)"
 pip_install -c scripts/constraints-cpu.txt -r scripts/requirements-cpu.txt
-echo "[4/4] sglang-evs (editable)"
+echo "[4/5] sglang-evs (editable)"
 pip_install --no-deps --no-build-isolation -e .
+echo "[5/5] sglang-evs-cpu-route: starts the CPU runtime in every Python process (a GPU install has none of it)"
+pip_install --no-deps --no-build-isolation ./scripts/cpu_route
 echo "$want" > "$STAMP"
 echo "environment ready: $VENV"

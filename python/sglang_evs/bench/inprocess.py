@@ -217,7 +217,6 @@ def new_request(rid: str, ids: Sequence[int], mm_inputs: Any = None, text: str =
 
 
 def _processed(runner: Any, processor: Any, prompt: str, images, videos, processor_kwargs) -> tuple[array, Any]:
-
     obj = sglang.GenerateReqInput(text=prompt, image_data=[str(p) for p in images] or None,
                            video_data=[str(p) for p in videos] or None,
                            mm_processor_kwargs=processor_kwargs)  # fmt: skip
@@ -236,7 +235,6 @@ def _processed(runner: Any, processor: Any, prompt: str, images, videos, process
 
 
 def schedule_batch(runner: Any, reqs: list) -> Any:
-
     tree_cache = sglang.one_batch.TreeCacheNamespace(page_size=sglang.get_schedule().page_size, device=runner.device,
                                               token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator)  # fmt: skip
     return sglang.ScheduleBatch.init_new(
