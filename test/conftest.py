@@ -80,6 +80,16 @@ def tiny_qwen3_5_moe_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3_dir() -> Path:
+    return build_cached_model("tiny", "Gemma3ForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_dir() -> Path:
+    return build_cached_model("tiny", "LlavaForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_5_deepstack_dirs() -> tuple[Path, Path]:
     """The tiny Qwen3.5 with a third vision layer, with and without deepstack levels on its three
     layers (SGLang serves them; transformers ignores them); otherwise the same weights."""

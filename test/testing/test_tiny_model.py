@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from sglang_evs.testing import tiny_model
-from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt
+from sglang_evs.testing.requests import (
+    GEMMA3_IMAGE,
+    IMAGE,
+    LLAVA_IMAGE,
+    VIDEO,
+    chat_prompt,
+    gemma3_chat_prompt,
+    llava_chat_prompt,
+)
 
 FIXTURES = {
     "Qwen3VLForConditionalGeneration": "tiny_model_dir",
@@ -18,12 +26,18 @@ FIXTURES = {
     "Qwen3_5ForConditionalGeneration": "tiny_qwen3_5_dir",
     "Qwen3_5MoeForConditionalGeneration": "tiny_qwen3_5_moe_dir",
 }
+# Families the plugin does not prune (image only): fixture, prompt writer, image placeholder.
+OTHER_FAMILIES = {
+    "Gemma3ForConditionalGeneration": ("tiny_gemma3_dir", gemma3_chat_prompt, GEMMA3_IMAGE),
+    "LlavaForConditionalGeneration": ("tiny_llava_dir", llava_chat_prompt, LLAVA_IMAGE),
+}
 # Far above float32 rounding (~1e-5 on logits of size ~10): the pixels reach the output.
 PIXEL_EFFECT = 0.1
 
 
 def test_every_architecture_has_a_fixture():
-    assert set(FIXTURES) == set(tiny_model.ARCHITECTURES)
+    assert set(FIXTURES) | set(OTHER_FAMILIES) == set(tiny_model.ARCHITECTURES)
+    assert set(FIXTURES) == set(tiny_model.QWEN_ARCHITECTURES)
 
 
 @pytest.fixture(params=list(FIXTURES))
@@ -79,6 +93,68 @@ def test_image_and_video_forwards_depend_on_the_pixels(checkpoint):
 
     assert (last_logits(images=[_image(0)]) - last_logits(images=[_image(1)])).abs().max() > PIXEL_EFFECT
     assert (last_logits(videos=[_clip(0)]) - last_logits(videos=[_clip(1)])).abs().max() > PIXEL_EFFECT
+
+
+@pytest.fixture(params=list(OTHER_FAMILIES))
+def other_family(request):
+    fixture, prompt, image = OTHER_FAMILIES[request.param]
+    return request.param, request.getfixturevalue(fixture), prompt, image
+
+
+def test_other_family_loads_in_transformers_and_its_pixels_matter(other_family):
+    """Gemma 3 and LLaVA: the chat template writes the prompt the tests send, the processor expands each image
+    into the config's placeholder tokens, every weight loads, and the logits depend on the pixels."""
+    from PIL import Image
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    architecture, path, prompt, image_token = other_family
+    config = AutoConfig.from_pretrained(path)
+    processor = AutoProcessor.from_pretrained(path)
+    assert config.architectures == [architecture]
+    assert config.text_config.vocab_size == len(processor.tokenizer)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "hi"}]}]
+    assert processor.apply_chat_template(messages, add_generation_prompt=True) == prompt(
+        image_token, image_token, text="hi"
+    )
+
+    model, loading = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    model.eval()
+    assert type(model).__name__ == architecture
+    assert not any(loading.values()), loading  # no missing, unexpected or mismatched weights
+
+    def last_logits(seed: int) -> torch.Tensor:
+        image = Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+        inputs = processor(text=[prompt(image_token)], images=[image], return_tensors="pt")
+        assert (inputs["input_ids"] == config.image_token_id).sum() == 16  # 4 x 4 patches or pooled tokens
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, -1]
+        assert torch.isfinite(logits).all()
+        return logits
+
+    assert (last_logits(0) - last_logits(1)).abs().max() > PIXEL_EFFECT
+
+
+@pytest.mark.parametrize("architecture", list(OTHER_FAMILIES))
+def test_other_family_config_overrides_land_in_the_checkpoint(architecture, tmp_path, monkeypatch):
+    overrides = {"text_config": {"num_hidden_layers": 3}, "vision_config": {"num_hidden_layers": 1}}
+    argv = [str(tmp_path), "--architecture", architecture, "--config-json", json.dumps(overrides)]
+    monkeypatch.setattr(sys, "argv", ["tiny_model", *argv])
+    tiny_model.main()
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["text_config"]["num_hidden_layers"] == 3 and saved["vision_config"]["num_hidden_layers"] == 1
+
+
+@pytest.mark.parametrize(
+    ("architecture", "overrides", "message"),
+    [
+        ("Gemma3ForConditionalGeneration", {"mm_tokens_per_image": 9}, "mm_tokens_per_image"),
+        ("Gemma3ForConditionalGeneration", {"vision_config": {"depth": 3}}, "depth"),
+        ("LlavaForConditionalGeneration", {"text_config": {"num_hidden_layer": 3}}, "num_hidden_layer"),
+    ],
+)
+def test_other_family_bad_overrides_fail_naming_the_problem(architecture, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_model.build_config(architecture, "tiny", config_overrides=overrides)
 
 
 @pytest.mark.parametrize("architecture", list(FIXTURES))

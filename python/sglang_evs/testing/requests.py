@@ -19,6 +19,20 @@ def chat_prompt(*media: str, text: str = "Describe this.") -> str:
     return f"<|im_start|>user\n{''.join(media)}{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
+GEMMA3_IMAGE = "<start_of_image>"
+LLAVA_IMAGE = "[IMG]"
+
+
+def gemma3_chat_prompt(*images: str, text: str = "Describe this.") -> str:
+    """The tiny Gemma 3's chat template, written out: one GEMMA3_IMAGE per image, then the text."""
+    return f"<bos><start_of_turn>user\n{''.join(images)}{text}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def llava_chat_prompt(*images: str, text: str = "Describe this.") -> str:
+    """The tiny LLaVA's (Pixtral's [INST] format) chat template, written out: one LLAVA_IMAGE per image."""
+    return f"<s>[INST]{''.join(images)}{text}[/INST]"
+
+
 def pruning_setting(rate: float, method: str = "evs") -> dict:
     """The settings that prune at ``rate`` with ``method``: ``{"video_pruning_method": method,
     "video_pruning_rate": rate}``."""

@@ -1,4 +1,4 @@
-"""Write a random-weight Qwen VLM checkpoint that HF transformers and SGLang both load, offline.
+"""Write a random-weight VLM checkpoint that HF transformers and SGLang both load, offline.
 
     python -m sglang_evs.testing.tiny_model OUT_DIR [--architecture ARCH] [--profile tiny|small]
         [--config-json '{"text_config": {"num_hidden_layers": 3}}'] [--seed 0]
@@ -6,6 +6,16 @@
 Architectures (HF class names): Qwen3VLForConditionalGeneration (default), Qwen3VLMoeForConditionalGeneration,
 Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration, Qwen3_5ForConditionalGeneration,
 Qwen3_5MoeForConditionalGeneration. All share one tokenizer, so the special-token ids are the same.
+
+Two families the plugin does not prune, to show it changes nothing for them (image only, tiny only), each
+with its own tokenizer (trained like the Qwen one, on the same corpus) and its family's special tokens:
+  Gemma3ForConditionalGeneration  SigLIP tower, average-pooled to `mm_tokens_per_image` soft tokens per
+      image between <start_of_image> and <end_of_image>; SGLang serves it with --enable-multimodal.
+  LlavaForConditionalGeneration   a Pixtral tower under a Mistral language model, as the released
+      pixtral-12b LLaVA checkpoint: one [IMG] per 16-pixel patch, [IMG_BREAK] after each row, [IMG_END]
+      last. SGLang 0.5.23's LLaVA resolves its tower through its own model registry, which has Pixtral's
+      but not CLIP's or SigLIP's vision model (a CLIP tower falls to the Transformers backend and fails).
+Their prompts, as the chat templates write them: `requests.gemma3_chat_prompt`, `requests.llava_chat_prompt`.
 
 Profiles:
   tiny   seconds on CPU; for correctness tests. Every architecture has one.
@@ -107,7 +117,65 @@ PROFILES = {
 VISION_OUTPUT_GAIN = 20.0
 
 
-def build_tokenizer(vocab_size: int = 400):
+@dataclass(frozen=True)
+class Vocabulary:
+    """A family's special tokens and chat template. `named`: tokens its processor reads by name from the
+    tokenizer (e.g. `tokenizer.boi_token`)."""
+
+    special_tokens: tuple[str, ...]
+    chat_template: str
+    eos: str
+    pad: str
+    bos: str | None = None
+    named: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+QWEN_VOCABULARY = Vocabulary(tuple(SPECIAL_TOKENS), CHAT_TEMPLATE, eos="<|im_end|>", pad="<|endoftext|>")
+
+# Gemma 3's turn format. The newlines are written as expressions so that whitespace control keeps them.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages -%}"
+    "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}{{ '\\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}<start_of_image>"
+    "{%- elif 'text' in part -%}{{ part['text'] }}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "<end_of_turn>{{ '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<start_of_turn>model{{ '\\n' }}{%- endif -%}"
+)
+GEMMA3_VOCABULARY = Vocabulary(
+    ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"),
+    GEMMA3_CHAT_TEMPLATE,
+    eos="<end_of_turn>",
+    pad="<pad>",
+    bos="<bos>",
+    named={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"},
+)
+
+# Pixtral's [INST] format: one [IMG] per image, which the processor expands into rows of patches.
+LLAVA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}[INST]"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}[IMG]"
+    "{%- elif 'text' in part -%}{{ part['text'] }}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "[/INST]"
+    "{%- else -%}{{ message['content'] }}{{ eos_token }}{%- endif -%}"
+    "{%- endfor -%}"
+)
+LLAVA_VOCABULARY = Vocabulary(
+    ("[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"), LLAVA_CHAT_TEMPLATE, eos="</s>", pad="<pad>", bos="<s>"
+)
+
+
+def build_tokenizer(vocab_size: int = 400, vocabulary: Vocabulary = QWEN_VOCABULARY):
+    """A byte-level BPE trained on CORPUS, plus the family's special tokens and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -120,13 +188,17 @@ def build_tokenizer(vocab_size: int = 400):
         show_progress=False,
     )
     tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    named = {"model_specific_special_tokens": dict(vocabulary.named)} if vocabulary.named else {}
+    bos = {"bos_token": vocabulary.bos} if vocabulary.bos else {}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS,
+        eos_token=vocabulary.eos,
+        pad_token=vocabulary.pad,
+        additional_special_tokens=list(vocabulary.special_tokens),
+        **bos,
+        **named,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = vocabulary.chat_template
     return tokenizer
 
 
@@ -301,6 +373,68 @@ def _qwen3_5_moe_fields() -> Fields:
     return Fields({**text, **TINY_MOE, "shared_expert_intermediate_size": 32}, fields.vision)
 
 
+def _gemma3_fields() -> Fields:
+    # A 64-pixel image is 8 x 8 patches of 8, pooled 2 x 2 into 16 soft tokens. Layer 0 slides (window 512,
+    # longer than any test prompt), layer 1 attends globally, each with its own rotary base, as released.
+    return Fields(
+        text=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=512,
+            sliding_window_pattern=2,  # every second layer global, at any depth
+            max_position_embeddings=32768,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+        ),
+        vision=dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=64,
+            patch_size=8,
+            vision_use_head=False,
+        ),
+        top=dict(mm_tokens_per_image=16),
+    )
+
+
+def _llava_fields() -> Fields:
+    # pixtral-12b's shape: the tower's last layer, every patch ("full"), through a GELU projector.
+    return Fields(
+        text=dict(
+            model_type="mistral",
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=32768,
+            sliding_window=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+        ),
+        vision=dict(
+            model_type="pixtral",
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=64,  # the longest edge the processor resizes to
+            patch_size=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+        ),
+        top=dict(vision_feature_layer=-1, vision_feature_select_strategy="full", projector_hidden_act="gelu"),
+    )
+
+
 def _qwen2_vl_processor(tokenizer, image_processor_cls: str, video_processor_cls: str, processor_cls: str):
     import transformers
 
@@ -314,7 +448,7 @@ def _qwen2_vl_processor(tokenizer, image_processor_cls: str, video_processor_cls
     )
 
 
-def _qwen3_vl_processor(tokenizer):
+def _qwen3_vl_processor(tokenizer, config=None):
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     # Pixel bounds as in the released Qwen3-VL preprocessor configs.
@@ -327,16 +461,52 @@ def _qwen3_vl_processor(tokenizer):
     )
 
 
+def _gemma3_processor(tokenizer, config):
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
+
+    side = config.vision_config.image_size
+    return Gemma3Processor(
+        image_processor=Gemma3ImageProcessor(size={"height": side, "width": side}),
+        tokenizer=tokenizer,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        image_seq_length=config.mm_tokens_per_image,
+    )
+
+
+def _llava_processor(tokenizer, config):
+    from transformers import PixtralImageProcessor, PixtralProcessor
+
+    vision = config.vision_config
+    return PixtralProcessor(
+        image_processor=PixtralImageProcessor(
+            size={"longest_edge": vision.image_size},
+            patch_size={"height": vision.patch_size, "width": vision.patch_size},
+        ),
+        tokenizer=tokenizer,
+        patch_size=vision.patch_size,
+        chat_template=LLAVA_CHAT_TEMPLATE,
+    )
+
+
 @dataclass(frozen=True)
 class Architecture:
     config_class: str  # in transformers
     profiles: Mapping[str, Callable[[], Fields]]
-    processor: Callable[[Any], Any]  # tokenizer -> processor
+    processor: Callable[[Any, Any], Any]  # (tokenizer, config) -> processor
     sglang_only_deepstack: bool = False  # SGLang builds deepstack mergers that transformers lacks
+    vocabulary: Vocabulary = QWEN_VOCABULARY
+    token_ids: Callable[[Any], "Fields"] = lambda tok: _token_id_fields(tok)  # tokenizer -> id fields
+    check: Callable[[Any, "Architecture"], None] = lambda config, arch: _check_consistent(config, arch)
+    vision_output: Callable[[Any], list] = lambda model: _qwen_merger_outputs(model)  # projections to rescale
+    released_layout: Callable[[Path], None] | None = None  # rewrites model.safetensors as released
+    language_model_gains: Callable[[Any], None] | None = None  # after _make_context_matter's draws
+    video: bool = True
 
 
-def _qwen2_processor(processor_cls: str) -> Callable[[Any], Any]:
-    return lambda tok: _qwen2_vl_processor(tok, "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", processor_cls)
+def _qwen2_processor(processor_cls: str) -> Callable[[Any, Any], Any]:
+    return lambda tok, _config: _qwen2_vl_processor(
+        tok, "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor", processor_cls
+    )
 
 
 DEFAULT_ARCHITECTURE = "Qwen3VLForConditionalGeneration"
@@ -364,7 +534,30 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3_5MoeForConditionalGeneration": Architecture(
         "Qwen3_5MoeConfig", {"tiny": _qwen3_5_moe_fields}, _qwen3_vl_processor, sglang_only_deepstack=True
     ),
+    "Gemma3ForConditionalGeneration": Architecture(
+        "Gemma3Config",
+        {"tiny": _gemma3_fields},
+        _gemma3_processor,
+        vocabulary=GEMMA3_VOCABULARY,
+        token_ids=lambda tok: _gemma3_token_id_fields(tok),
+        check=lambda config, arch: _check_gemma3(config),
+        vision_output=lambda model: [model.model.multi_modal_projector.mm_input_projection_weight],
+        released_layout=lambda weights_file: _write_released_siglip_layout(weights_file),
+        language_model_gains=lambda model: _gemma3_update_gains(model),
+        video=False,
+    ),
+    "LlavaForConditionalGeneration": Architecture(
+        "LlavaConfig",
+        {"tiny": _llava_fields},
+        _llava_processor,
+        vocabulary=LLAVA_VOCABULARY,
+        token_ids=lambda tok: _llava_token_id_fields(tok),
+        check=lambda config, arch: None,
+        vision_output=lambda model: [model.model.multi_modal_projector.linear_2.weight],
+        video=False,
+    ),
 }
+QWEN_ARCHITECTURES = tuple(name for name, arch in ARCHITECTURES.items() if arch.vocabulary is QWEN_VOCABULARY)
 
 
 def _token_id_fields(tokenizer) -> Fields:
@@ -386,6 +579,31 @@ def _token_id_fields(tokenizer) -> Fields:
     return Fields(text, {}, top)
 
 
+def _text_ids(tokenizer, vocabulary: Vocabulary) -> dict[str, Any]:
+    return {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.convert_tokens_to_ids(vocabulary.bos),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(vocabulary.eos),
+        "pad_token_id": tokenizer.convert_tokens_to_ids(vocabulary.pad),
+    }
+
+
+def _gemma3_token_id_fields(tokenizer) -> Fields:
+    ids = tokenizer.convert_tokens_to_ids
+    top = {
+        "boi_token_index": ids("<start_of_image>"),
+        "eoi_token_index": ids("<end_of_image>"),
+        "image_token_index": ids("<image_soft_token>"),
+    }
+    return Fields(_text_ids(tokenizer, GEMMA3_VOCABULARY), {}, top)
+
+
+def _llava_token_id_fields(tokenizer) -> Fields:
+    return Fields(
+        _text_ids(tokenizer, LLAVA_VOCABULARY), {}, {"image_token_index": tokenizer.convert_tokens_to_ids("[IMG]")}
+    )
+
+
 def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in overrides.items():
@@ -397,13 +615,19 @@ def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _check_known(where: str, keys: Any, config_cls: type, ours: Mapping[str, Any]) -> None:
+    if config_cls.__name__ == "AutoConfig":  # LLaVA's sub-configs: the class their model_type names
+        from transformers import CONFIG_MAPPING
+
+        config_cls = CONFIG_MAPPING[ours["model_type"]]
     known = {f.name for f in dataclasses.fields(config_cls)} | set(config_cls.attribute_map) | set(ours)
     unknown = sorted(set(keys) - known)
     if unknown:
         raise ValueError(f"unknown {where} keys {unknown} for {config_cls.__name__}")
 
 
-def build_config(architecture: str, profile: str, tokenizer, config_overrides: Mapping[str, Any] | None = None) -> Any:
+def build_config(
+    architecture: str, profile: str, tokenizer=None, config_overrides: Mapping[str, Any] | None = None
+) -> Any:
     """The architecture's config at the profile, wired to the tokenizer, with the overrides merged in."""
     import transformers
 
@@ -414,7 +638,8 @@ def build_config(architecture: str, profile: str, tokenizer, config_overrides: M
     if profile not in arch.profiles:
         raise ValueError(f"{architecture} has profiles {sorted(arch.profiles)}, not {profile!r}")
     config_cls = getattr(transformers, arch.config_class)
-    fields, ids = arch.profiles[profile](), _token_id_fields(tokenizer)
+    tokenizer = tokenizer if tokenizer is not None else build_tokenizer(vocabulary=arch.vocabulary)
+    fields, ids = arch.profiles[profile](), arch.token_ids(tokenizer)
     text, vision, top = {**fields.text, **ids.text}, fields.vision, {**fields.top, **ids.top}
 
     overrides = dict(config_overrides or {})
@@ -436,7 +661,7 @@ def build_config(architecture: str, profile: str, tokenizer, config_overrides: M
     )
     if interval is not None:
         config.text_config.full_attention_interval = interval  # HF drops it; SGLang reads only it
-    _check_consistent(config, arch)
+    arch.check(config, arch)
     return config
 
 
@@ -457,6 +682,16 @@ def _check_consistent(config: Any, arch: Architecture) -> None:
         raise ValueError(f"SGLang 0.5.23's Qwen3.5 language model adds exactly three deepstack levels, not {levels}")
 
 
+def _check_gemma3(config: Any) -> None:
+    vision = config.vision_config
+    patches, side = vision.image_size // vision.patch_size, round(config.mm_tokens_per_image**0.5)
+    if side * side != config.mm_tokens_per_image or patches % side:
+        raise ValueError(
+            f"mm_tokens_per_image {config.mm_tokens_per_image} must be a square whose side divides the "
+            f"{patches} patches per image side (image_size / patch_size): the tower average-pools to it"
+        )
+
+
 def build_tiny_model(
     out_dir: str | Path,
     architecture: str = DEFAULT_ARCHITECTURE,
@@ -469,21 +704,24 @@ def build_tiny_model(
     import torch
     import transformers
 
-    tokenizer = build_tokenizer()
+    arch = ARCHITECTURES[architecture]
+    tokenizer = build_tokenizer(vocabulary=arch.vocabulary)
     config = build_config(architecture, profile, tokenizer, config_overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).to(torch.bfloat16)
-    _make_context_matter(model, torch)
+    _make_context_matter(model, torch, arch)
     model.config.dtype = torch.bfloat16
     model.save_pretrained(out, safe_serialization=True)
-    if ARCHITECTURES[architecture].sglang_only_deepstack and config.vision_config.deepstack_visual_indexes:
+    if arch.sglang_only_deepstack and config.vision_config.deepstack_visual_indexes:
         _add_deepstack_mergers(out / "model.safetensors", config.vision_config, seed)
     if architecture == "Qwen3VLMoeForConditionalGeneration":
         _write_released_expert_layout(out / "model.safetensors")
+    if arch.released_layout is not None:
+        arch.released_layout(out / "model.safetensors")
     tokenizer.save_pretrained(out)
-    ARCHITECTURES[architecture].processor(tokenizer).save_pretrained(out)
+    arch.processor(tokenizer, config).save_pretrained(out)
     provenance: dict[str, Any] = {"profile": profile, "seed": seed}
     if architecture != DEFAULT_ARCHITECTURE or config_overrides:
         provenance |= {"architecture": architecture, "config_overrides": dict(config_overrides or {})}
@@ -537,16 +775,57 @@ def _write_released_expert_layout(weights_file: Path) -> None:
     save_file(weights, weights_file, metadata={"format": "pt"})
 
 
-def _make_context_matter(model, torch) -> None:
+def _write_released_siglip_layout(weights_file: Path) -> None:
+    """Released Gemma 3 checkpoints keep the SigLIP tower under `vision_tower.vision_model.`; transformers
+    5.19 saves it without `vision_model.` (and loads either), SGLang 0.5.23 loads only the released names."""
+    from safetensors.torch import load_file, save_file
+
+    prefix = "vision_tower."
+    weights = {
+        (prefix + "vision_model." + name[len(prefix) :] if name.startswith(prefix) else name): value
+        for name, value in load_file(weights_file).items()
+    }
+    save_file(weights, weights_file, metadata={"format": "pt"})
+
+
+def _qwen_merger_outputs(model) -> list:
+    """The merger linears that write the text model's width (deepstack mergers included)."""
+    import torch
+
+    hidden = model.config.text_config.hidden_size
+    return [
+        module.weight
+        for name, module in model.model.visual.named_modules()
+        if "merger" in name and isinstance(module, torch.nn.Linear) and module.out_features == hidden
+    ]
+
+
+GEMMA3_UPDATE_GAIN = 4.0
+
+
+def _gemma3_update_gains(model) -> None:
+    """Gemma 3 normalises what each attention and MLP block writes (its post-block norms), so their
+    gains, not the weights, set how much a layer writes: x4 here, so a layer's update outweighs the
+    token's own (sqrt(hidden)-scaled) embedding and the tied head does not just repeat the last token."""
+    for name, param in model.model.language_model.named_parameters():
+        if name.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")):
+            param.data.fill_(GEMMA3_UPDATE_GAIN - 1.0)  # Gemma's norms scale by (1 + weight)
+
+
+def _make_context_matter(model, torch, arch: Architecture) -> None:
     # HF's init (std 0.02) leaves every layer's update tiny next to the
     # residual stream, so the next token would depend on the last token only,
     # and vision features come out ~20x weaker than text embeddings. Rescale so
     # greedy tokens depend on the whole context, pixels included: otherwise a
     # parity test would pass even if an image were ignored.
+    # Gemma 3 ties its output head to the embeddings (which it scales by sqrt(hidden)): one smaller draw
+    # (SGLang 0.5.23's Gemma 3 never loads a separate head).
     language_model = model.model.language_model
+    tied = model.lm_head.weight.data_ptr() == language_model.embed_tokens.weight.data_ptr()
     with torch.no_grad():
-        language_model.embed_tokens.weight.normal_(0.0, 1.0)
-        model.lm_head.weight.normal_(0.0, 0.5)
+        language_model.embed_tokens.weight.normal_(0.0, 0.2 if tied else 1.0)
+        if not tied:
+            model.lm_head.weight.normal_(0.0, 0.5)
         for module in language_model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.weight.normal_(0.0, module.in_features**-0.5)
@@ -554,13 +833,12 @@ def _make_context_matter(model, torch) -> None:
             # MoE experts ([experts, out, in]) and routers ([experts, in]) are bare parameters.
             if name.endswith(("experts.gate_up_proj", "experts.down_proj", "mlp.gate.weight")):
                 param.normal_(0.0, param.shape[-1] ** -0.5)
-        for name, module in model.model.visual.named_modules():
-            if (
-                "merger" in name
-                and isinstance(module, torch.nn.Linear)
-                and module.out_features == model.config.text_config.hidden_size
-            ):
-                module.weight.mul_(VISION_OUTPUT_GAIN)
+        for weight in arch.vision_output(model):
+            if not weight.abs().max() > 0:  # Gemma 3 initialises its projection to zeros
+                weight.normal_(0.0, 0.02)
+            weight.mul_(VISION_OUTPUT_GAIN)
+        if arch.language_model_gains is not None:
+            arch.language_model_gains(model)
 
 
 def main() -> None:
