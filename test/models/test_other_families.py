@@ -1,0 +1,145 @@
+"""For VLM families it does not prune, the plugin changes nothing: Gemma 3 and LLaVA serve bit-identically
+with and without it.
+
+Installed, the plugin replaces SGLang's `general_mm_embed_routine` for every model, these two included.
+Each family runs the same requests on two float32 servers started together: plugin on, and plugin off
+(`SGLANG_PLUGINS=none`: SGLang loads no plugin, so its own routine serves). Prefill chunks of 16 tokens
+cut images' placeholder runs (16 pooled soft tokens for Gemma 3, 4 rows of 4 patches plus row ends for
+LLaVA) across chunks. Greedy tokens, the logprob of every generated token and the top-5 logprobs at every
+step must be equal exactly (a batch's logprobs closely: see the batch test). An event trace in both servers
+shows that the plugin's routine embedded the images in one and that no process of the other ran the plugin.
+"""
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sglang_evs import trace
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import (
+    GEMMA3_IMAGE,
+    LLAVA_IMAGE,
+    flush_cache,
+    gemma3_chat_prompt,
+    generate,
+    llava_chat_prompt,
+    logprob_gap,
+    media_kwargs,
+)
+from sglang_evs.testing.server import running_server
+
+pytestmark = pytest.mark.slow  # four servers: the full suite only (see pyproject.toml)
+
+CHUNK = 16
+# Gemma 3's images need --enable-multimodal (without it SGLang 0.5.23 serves Gemma 3 as text and drops them);
+# LLaVA is multimodal by default. LLaVA's /flush_cache answers 500 in SGLang 0.5.23 with or without the plugin
+# (its processor wrapper lacks the preprocess cache the endpoint clears), so its servers are not flushed:
+# both get the same requests in the same order, and the cached-token counts are compared too.
+FAMILIES = {  # fixture, server flags, flushable, prompt writer, image placeholder
+    "gemma3": ("tiny_gemma3_dir", ["--enable-multimodal"], True, gemma3_chat_prompt, GEMMA3_IMAGE),
+    "llava": ("tiny_llava_dir", [], False, llava_chat_prompt, LLAVA_IMAGE),
+}
+IMAGE_ROWS = 16  # placeholder rows a 64-pixel image's embedding fills, both families (LLaVA's row ends are text)
+
+
+def run_all(base_url: str, family: str, images: tuple[Path, Path, Path]) -> dict:
+    """The same requests, in the same order (from an empty radix cache where the server can flush it)."""
+    _, _, flushable, prompt, image = FAMILIES[family]
+    image1, image2, image3 = images
+    if flushable:
+        flush_cache(base_url)  # the readiness probes may have sent the servers different warm-up requests
+    results = {"text": generate(base_url, prompt(text="Count the objects in the scene."))[0]}
+    results["image"] = generate(base_url, prompt(image), **media_kwargs(images=[image1]))[0]
+    two = media_kwargs(images=[image2, image1])
+    if family == "llava":
+        two["modalities"] = ["multi-images"]  # SGLang's LLaVA path reads only the first image otherwise
+    results["two_images"] = generate(base_url, prompt(image, image, text="Compare them."), **two)[0]
+    results["radix_repeat"] = generate(base_url, prompt(image), **media_kwargs(images=[image1]))[0]
+    if flushable:
+        flush_cache(base_url)
+    batch = [prompt(image), prompt(text="Say yes or no."), prompt(image)]  # a new image and a cached one
+    results["batch"] = generate(base_url, batch, image_data=[[str(image3)], [], [str(image1)]])
+    return results
+
+
+@pytest.fixture(scope="module")
+def served(request, media_dir, tmp_path_factory) -> dict:
+    """{(family, plugin): results}, {("log" | "trace", family, plugin): server log | trace path}; the four
+    servers start together."""
+    work = tmp_path_factory.mktemp("other_families")
+    images = (media_dir / "image.png", media_dir / "image2.png", media.write_image(work / "image3.png", seed=9))
+    runs, out = [], {}
+    for family, (fixture, extra, *_) in FAMILIES.items():
+        model = request.getfixturevalue(fixture)
+        args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), *extra]
+        for plugin in ("on", "off"):
+            # Both servers are traced: a plugin loaded anywhere in the upstream server would write events.
+            out["trace", family, plugin] = work / f"trace-{family}-{plugin}.jsonl"
+            env = {"SGLANG_EVS_TRACE": str(out["trace", family, plugin])}
+            env |= {} if plugin == "on" else {"SGLANG_PLUGINS": "none"}
+            runs.append((family, plugin, running_server(model, work / f"{family}-{plugin}.log", args, env=env)))
+    with contextlib.ExitStack() as stack, ThreadPoolExecutor(len(runs)) as pool:
+        starts = [pool.submit(stack.enter_context, server) for *_, server in runs]
+        servers = [start.result() for start in starts]
+        for (family, plugin, _), server in zip(runs, servers, strict=True):
+            out[family, plugin] = run_all(server.base_url, family, images)
+            out["log", family, plugin] = server.log()
+    return out
+
+
+CASES = ["text", "image", "two_images", "radix_repeat"]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("case", CASES)
+def test_bit_identical_without_the_plugin(served, family, case):
+    ours, upstream = served[family, "on"][case], served[family, "off"][case]
+    assert ours.output_ids == upstream.output_ids
+    assert ours.logprobs == upstream.logprobs  # float32, exactly
+    assert ours.top_logprobs == upstream.top_logprobs
+    assert (ours.prompt_tokens, ours.cached_tokens) == (upstream.prompt_tokens, upstream.cached_tokens)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_batch_matches_without_the_plugin(served, family):
+    """A batch is not bit-reproducible on CPU even in upstream alone: which requests share a prefill depends
+    on when each one's image finishes preprocessing, and a row's CPU GEMM result depends on the batch's row
+    count (measured while writing this test: a LLaVA batch differed by 1.3e-6 between the two servers).
+    Tokens and prompt lengths must match exactly, logprobs closely."""
+    ours, upstream = served[family, "on"]["batch"], served[family, "off"]["batch"]
+    assert len(ours) == len(upstream) == 3
+    for mine, theirs in zip(ours, upstream, strict=True):
+        assert mine.output_ids == theirs.output_ids
+        assert mine.prompt_tokens == theirs.prompt_tokens
+        assert logprob_gap(mine, theirs) < 1e-4
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_plugin_routine_embedded_the_images_across_chunks(served, family):
+    """The plugin's routine served this family, the images reached it, and an image's rows were split
+    between prefill chunks, so the comparison covers the chunked path."""
+    events = trace.read(served["trace", family, "on"], "embed_routine")
+    rows = [n for event in events for n in event["media_rows"]]
+    assert max(n for event in events for n in event["extend_lens"]) <= CHUNK
+    assert sum(rows) >= 4 * IMAGE_ROWS  # the image, two images and the batch's new image, at least
+    assert any(0 < n < IMAGE_ROWS for n in rows)  # images cut across chunks
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_requests_exercise_pixels_and_the_radix_cache(served, family):
+    results = served[family, "on"]
+    image, two = results["image"], results["two_images"]
+    other_pixels, same_pixels = results["batch"][0], results["batch"][2]  # one prompt, two images
+    assert other_pixels.output_ids != same_pixels.output_ids
+    assert two.prompt_tokens > image.prompt_tokens + IMAGE_ROWS
+    assert results["radix_repeat"].cached_tokens >= image.prompt_tokens - 1  # the image's rows included
+    assert results["radix_repeat"].output_ids == image.output_ids
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_plugin_loaded_in_one_server_only(served, family):
+    assert "plugin loaded" in served["log", family, "on"]
+    assert "plugin loaded" not in served["log", family, "off"]
+    assert not served["trace", family, "off"].exists()  # no process of the upstream server ran the plugin
