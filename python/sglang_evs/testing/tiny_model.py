@@ -500,7 +500,6 @@ class Architecture:
     vision_output: Callable[[Any], list] = lambda model: _qwen_merger_outputs(model)  # projections to rescale
     released_layout: Callable[[Path], None] | None = None  # rewrites model.safetensors as released
     language_model_gains: Callable[[Any], None] | None = None  # after _make_context_matter's draws
-    video: bool = True
 
 
 def _qwen2_processor(processor_cls: str) -> Callable[[Any, Any], Any]:
@@ -544,7 +543,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         vision_output=lambda model: [model.model.multi_modal_projector.mm_input_projection_weight],
         released_layout=lambda weights_file: _write_released_siglip_layout(weights_file),
         language_model_gains=lambda model: _gemma3_update_gains(model),
-        video=False,
     ),
     "LlavaForConditionalGeneration": Architecture(
         "LlavaConfig",
@@ -554,7 +552,6 @@ ARCHITECTURES: dict[str, Architecture] = {
         token_ids=lambda tok: _llava_token_id_fields(tok),
         check=lambda config, arch: None,
         vision_output=lambda model: [model.model.multi_modal_projector.linear_2.weight],
-        video=False,
     ),
 }
 QWEN_ARCHITECTURES = tuple(name for name, arch in ARCHITECTURES.items() if arch.vocabulary is QWEN_VOCABULARY)
