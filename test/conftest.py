@@ -115,11 +115,12 @@ def media_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir, tmp_path_factory):
-    """One float32 server on the tiny model, shared by the end-to-end tests."""
+    """One float32 plugin server on the tiny model with its metrics on, shared by every test that needs a
+    default server (their results do not depend on what else it served: radix hits are exact)."""
     from sglang_evs.testing.server import running_server
 
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with running_server(tiny_model_dir, log, ["--dtype", "float32"]) as server:
+    with running_server(tiny_model_dir, log, ["--dtype", "float32", "--enable-metrics"]) as server:
         yield server
 
 

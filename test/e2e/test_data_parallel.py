@@ -19,25 +19,25 @@ def request_set(tmp_path_factory):
     return workload.mixed_requests(workload.write_media(tmp_path_factory.mktemp("dp_media")), REQUESTS)
 
 
-def serve(model_dir, log_path, args, request_set) -> dict:
-    env = {trace.ENV: str(log_path.with_name("trace.jsonl"))}
-    with running_server(model_dir, log_path, [*SERVER_ARGS, *args], env=env) as server:
-        before = pruning_metrics(server.base_url)
-        results = workload.send_concurrently(server.base_url, request_set)
-        after = pruning_metrics(server.base_url)
-        log = server.log()
-    return {"results": results, "metrics": counter_increase(before, after), "log": log,
-            "keep_masks": trace.read(log_path.with_name("trace.jsonl"), "keep_mask")}  # fmt: skip
+def send(server, request_set) -> dict:
+    before = pruning_metrics(server.base_url)
+    results = workload.send_concurrently(server.base_url, request_set)
+    return {"results": results, "metrics": counter_increase(before, pruning_metrics(server.base_url))}
 
 
 @pytest.fixture(scope="module")
-def single(tiny_model_dir, tmp_path_factory, request_set):
-    return serve(tiny_model_dir, tmp_path_factory.mktemp("dp1") / "server.log", [], request_set)
+def single(tiny_server, request_set):
+    return send(tiny_server, request_set)
 
 
 @pytest.fixture(scope="module")
 def replicated(tiny_model_dir, tmp_path_factory, request_set):
-    return serve(tiny_model_dir, tmp_path_factory.mktemp("dp2") / "server.log", ["--dp-size", "2"], request_set)
+    log_path = tmp_path_factory.mktemp("dp2") / "server.log"
+    env = {trace.ENV: str(log_path.with_name("trace.jsonl"))}
+    with running_server(tiny_model_dir, log_path, [*SERVER_ARGS, "--dp-size", "2"], env=env) as server:
+        sent = send(server, request_set)
+        log = server.log()
+    return {**sent, "log": log, "keep_masks": trace.read(log_path.with_name("trace.jsonl"), "keep_mask")}
 
 
 def test_every_request_succeeds_with_the_single_servers_tokens(single, replicated, request_set):

@@ -37,9 +37,8 @@ def answers(base_url: str, files: dict, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def single(tiny_model_dir, tmp_path_factory, files) -> dict:
-    with running_server(tiny_model_dir, tmp_path_factory.mktemp("epd_single") / "server.log", SERVER_ARGS) as server:
-        return answers(server.base_url, files)
+def single(tiny_server, files) -> dict:
+    return answers(tiny_server.base_url, files)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import run_to_exit, running_server
+from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 
 pytestmark = pytest.mark.slow
 
@@ -83,10 +83,13 @@ def served(six_layer_model, media_dir, tmp_path_factory):
         "plugin pp2": (["--pp-size", "2"], {}, {"q=0": {}, **PRUNINGS}),
         "plugin pp1": ([], {}, PRUNINGS),
     }
+    launches = [
+        Launch(six_layer_model, folder / f"{server_name.replace(' ', '-')}.log", [*ARGS, *extra], env)
+        for server_name, (extra, env, _) in plans.items()
+    ]
     out = {}
-    for server_name, (extra, env, settings) in plans.items():
-        log = folder / f"{server_name.replace(' ', '-')}.log"
-        with running_server(six_layer_model, log, [*ARGS, *extra], env=env) as server:
+    with running_servers(*launches) as servers:
+        for server, (server_name, (_, _, settings)) in zip(servers, plans.items(), strict=True):
             for setting, rate in settings.items():
                 out[server_name, setting] = serve(server.base_url, media_dir, rate)
     return out

@@ -32,7 +32,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_servers
 
 pytestmark = pytest.mark.slow
 
@@ -176,8 +176,9 @@ def served(tiny_model_dir, clips, tmp_path_factory):
         "plain": (ARGS, {}, (0.75,)),
     }
     out: dict = {"trace": folder / "trace.jsonl"}
-    for name, (args, env, rates) in plans.items():
-        with running_server(tiny_model_dir, folder / f"{name}.log", args, env=env) as server:
+    launches = [Launch(tiny_model_dir, folder / f"{name}.log", args, env) for name, (args, env, _) in plans.items()]
+    with running_servers(*launches) as servers:
+        for server, (name, (_, _, rates)) in zip(servers, plans.items(), strict=True):
             for rate in rates:
                 out[name, rate] = sequential(server.base_url, clips, rate, hidden_states=name != "plain")
                 if name != "plain":

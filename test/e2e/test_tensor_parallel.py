@@ -21,7 +21,7 @@ from sglang_evs import trace
 from sglang_evs.pruning.videos import PERTURB_MASKS_ENV
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_servers
 
 pytestmark = pytest.mark.slow
 
@@ -66,23 +66,27 @@ UNPRUNED = ("text", "image q=0.0", "moving video q=0.0", "noise video q=0.0", "s
 
 
 @pytest.fixture(scope="module", params=[None, 64], ids=["whole-prefill", "chunked-64-dp-encoder"])
-def served(request, tiny_model_dir, tmp_path_factory, scale_media):
-    """Every case from a TP=1 and a TP=2 server, the q = 0 cases from upstream at TP=2 (one server after
-    the other), and the TP=2 server's log and trace."""
+def served(request, tiny_model_dir, tiny_server, tmp_path_factory, scale_media):
+    """Every case from a TP=1 server (the session's, unchunked: chunking is exact, so it is the reference
+    for both settings) and a TP=2 server, the q = 0 cases from upstream at TP=2 (one server after the
+    other), and the TP=2 server's log and trace."""
     chunk = request.param
     args = ["--dtype", "float32"] + (["--chunked-prefill-size", str(chunk)] if chunk else [])
     tp2 = ["--tp-size", "2"] + (["--mm-enable-dp-encoder"] if chunk else [])
     cases = requests_to_compare(scale_media)
     folder = tmp_path_factory.mktemp(f"tp_{chunk}")
     plans = {
-        1: (["--tp-size", "1"], {trace.ENV: str(folder / "trace-tp1.jsonl")}, cases),
         # rank 1 inverts its own masks before the ranks agree (PERTURB_MASKS_ENV): rank 0's must win
         2: (tp2, {trace.ENV: str(folder / "trace-tp2.jsonl"), PERTURB_MASKS_ENV: "1"}, cases),
         "upstream": (tp2, {"SGLANG_PLUGINS": "none"}, {name: cases[name] for name in UNPRUNED}),
     }
-    results, logs = {}, {}
-    for name, (extra, env, sent) in plans.items():
-        with running_server(tiny_model_dir, folder / f"tp-{name}.log", [*args, *extra], env) as server:
+    results, logs = {1: serve_all(tiny_server, cases)}, {}
+    launches = [
+        Launch(tiny_model_dir, folder / f"tp-{name}.log", [*args, *extra], env)
+        for name, (extra, env, _) in plans.items()
+    ]
+    with running_servers(*launches) as servers:
+        for server, (name, (_, _, sent)) in zip(servers, plans.items(), strict=True):
             results[name] = serve_all(server, sent)
             logs[name] = server.log()
     return {"results": results, "log": logs[2], "trace": folder / "trace-tp2.jsonl", "chunk": chunk}

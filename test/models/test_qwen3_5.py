@@ -36,7 +36,7 @@ from sglang_evs.testing.requests import (
     per_request_rate,
     pruning_metrics,
 )
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_servers
 from sglang_evs.testing.workload import send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -147,12 +147,17 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         results["radix_repeat"] = generate(base_url, cases["image_video"][0], **cases["image_video"][1])[0]
         return results
 
-    with running_server(model_dir, out / "upstream.log", args, env={**HYBRID_ENV, "SGLANG_PLUGINS": "none"}) as server:
-        served.upstream = run_parity(server.base_url)
-
-    env = {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(served.trace_path)}
-    with running_server(model_dir, out / "plugin.log", [*args, "--enable-metrics"], env=env) as server:
-        url = server.base_url
+    small_chunk_args = ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK),
+                        "--json-model-override-args", '{"video_pruning_rate": 0.5}']  # fmt: skip
+    launches = (
+        Launch(model_dir, out / "upstream.log", args, {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
+        Launch(model_dir, out / "plugin.log", [*args, "--enable-metrics"],
+               {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(served.trace_path)}),
+        Launch(model_dir, out / "small-chunk.log", small_chunk_args, HYBRID_ENV),
+    )  # fmt: skip
+    with running_servers(*launches) as (upstream, plugin, small_chunk):
+        served.upstream = run_parity(upstream.base_url)
+        url = plugin.base_url
         served.plugin = run_parity(url)
         for q in RATES:
             served.evs["moving", q] = video(url, clips["moving"], q)
@@ -181,13 +186,10 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         after = pruning_metrics(url)
         served.metrics_delta = counter_increase(before, after)
 
-    args = ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK)]
-    args += ["--json-model-override-args", '{"video_pruning_rate": 0.5}']
-    with running_server(model_dir, out / "small-chunk.log", args, env=HYBRID_ENV) as server:
-        served.small_chunk = [video(server.base_url, clips["moving"]) for _ in range(2)]
+        served.small_chunk = [video(small_chunk.base_url, clips["moving"]) for _ in range(2)]
         prompt, kw, _ = mixed_cases(clips, media_dir)[1]
-        served.small_chunk_mixed = generate(server.base_url, prompt, **kw)[0]
-        served.small_chunk_unpruned = video(server.base_url, clips["moving"], 0.0)
+        served.small_chunk_mixed = generate(small_chunk.base_url, prompt, **kw)[0]
+        served.small_chunk_unpruned = video(small_chunk.base_url, clips["moving"], 0.0)
     return served
 
 
@@ -437,18 +439,22 @@ def deepstack_served(tiny_qwen3_5_deepstack_dirs, media_dir, clips, tmp_path_fac
     model_dir, without_levels = tiny_qwen3_5_deepstack_dirs
     cases = parity_cases(media_dir)
     args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
-    with running_server(model_dir, out / "upstream.log", args, env={**HYBRID_ENV, "SGLANG_PLUGINS": "none"}) as server:
-        upstream = {name: generate(server.base_url, p, **kw)[0] for name, (p, kw) in cases.items()}
     trace_path = out / "trace.jsonl"
-    env = {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(trace_path)}
-    with running_server(model_dir, out / "plugin.log", args, env=env) as server:
-        plugin = {name: generate(server.base_url, p, **kw)[0] for name, (p, kw) in cases.items()}
-        pruned = video(server.base_url, clips["moving"], 0.5)
-    with running_server(without_levels, out / "without-levels.log", args, env=HYBRID_ENV) as server:
-        without = {name: generate(server.base_url, p, **kw)[0] for name, (p, kw) in cases.items()}
-    args = ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK)]
-    with running_server(model_dir, out / "small-chunk.log", args, env=HYBRID_ENV) as server:
-        small_chunk = [video(server.base_url, clips["moving"], 0.5) for _ in range(2)]
+    launches = (
+        Launch(model_dir, out / "upstream.log", args, {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
+        Launch(model_dir, out / "plugin.log", args, {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(trace_path)}),
+        Launch(without_levels, out / "without-levels.log", args, HYBRID_ENV),
+        Launch(model_dir, out / "small-chunk.log", ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK)],
+               HYBRID_ENV),
+    )  # fmt: skip
+    with running_servers(*launches) as (upstream_server, plugin_server, without_server, small_chunk_server):
+
+        def parity(server) -> dict[str, Generation]:
+            return {name: generate(server.base_url, p, **kw)[0] for name, (p, kw) in cases.items()}
+
+        upstream, plugin, without = parity(upstream_server), parity(plugin_server), parity(without_server)
+        pruned = video(plugin_server.base_url, clips["moving"], 0.5)
+        small_chunk = [video(small_chunk_server.base_url, clips["moving"], 0.5) for _ in range(2)]
     return DeepstackServed(upstream, plugin, without, pruned, small_chunk, trace_path)
 
 

@@ -17,7 +17,7 @@ import pytest
 from sglang_evs import trace
 from sglang_evs.bench import mmmu_fixture
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, logprob_gap, media_kwargs
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_servers
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -72,21 +72,26 @@ def served(tiny_model_dir, media_dir, tmp_path_factory):
     mmmu_fixture.write_fixture(mmmu_data)
     names = list(scenarios(media_dir))
     out: dict = {"trace": {}}
-    for config, extra in (("single_chunk", []), ("chunked", CHUNKED)):
-        for plugin in ("on", "off"):
-            # Both servers are traced: a plugin loaded anywhere in the upstream server would write events.
-            trace_path = work / f"trace-{config}-{plugin}.jsonl"
-            env = {"SGLANG_EVS_TRACE": str(trace_path), **({} if plugin == "on" else {"SGLANG_PLUGINS": "none"})}
-            log = work / f"server-{config}-{plugin}.log"
-            with running_server(tiny_model_dir, log, ["--dtype", "float32", *extra], env=env) as server:
-                out[config, plugin] = run_all(server.base_url, media_dir, names)
-                if config == "single_chunk":
-                    out["mmmu", plugin] = run_mmmu(server.base_url, mmmu_data, work / f"mmmu-{plugin}.json")
-                out["log", config, plugin] = server.log()
-            if plugin == "on":
-                out["trace"][config] = trace_path
-            else:
-                out["upstream trace written", config] = trace_path.exists()
+    plans = [(config, extra, plugin) for config, extra in (("single_chunk", []), ("chunked", CHUNKED))
+             for plugin in ("on", "off")]  # fmt: skip
+    # Every server is traced: a plugin loaded anywhere in an upstream server would write events.
+    traces = [work / f"trace-{config}-{plugin}.jsonl" for config, _, plugin in plans]
+    launches = [
+        Launch(tiny_model_dir, work / f"server-{config}-{plugin}.log", ["--dtype", "float32", *extra],
+               {"SGLANG_EVS_TRACE": str(trace_path), **({} if plugin == "on" else {"SGLANG_PLUGINS": "none"})})
+        for (config, extra, plugin), trace_path in zip(plans, traces, strict=True)
+    ]  # fmt: skip
+    with running_servers(*launches) as servers:
+        for server, (config, _, plugin) in zip(servers, plans, strict=True):
+            out[config, plugin] = run_all(server.base_url, media_dir, names)
+            if config == "single_chunk":
+                out["mmmu", plugin] = run_mmmu(server.base_url, mmmu_data, work / f"mmmu-{plugin}.json")
+            out["log", config, plugin] = server.log()
+    for (config, _, plugin), trace_path in zip(plans, traces, strict=True):
+        if plugin == "on":
+            out["trace"][config] = trace_path
+        else:
+            out["upstream trace written", config] = trace_path.exists()
     return out
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from sglang_evs import trace
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, generate, media_kwargs
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_servers
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -26,10 +26,12 @@ def test_bit_identical_with_and_without_plugin(fixture, architecture, media_dir,
         (chat_prompt(text="Count the objects."), {}),
     ]
     trace_path = tmp_path / "trace.jsonl"
+    args = ["--dtype", "float32", "--chunked-prefill-size", "48"]
+    launches = [Launch(model_dir, tmp_path / "on.log", args, {"SGLANG_EVS_TRACE": str(trace_path)}),
+                Launch(model_dir, tmp_path / "off.log", args, {"SGLANG_PLUGINS": "none"})]  # fmt: skip
     results = {}
-    for plugin, env in (("on", {"SGLANG_EVS_TRACE": str(trace_path)}), ("off", {"SGLANG_PLUGINS": "none"})):
-        args = ["--dtype", "float32", "--chunked-prefill-size", "48"]
-        with running_server(model_dir, tmp_path / f"{plugin}.log", args, env=env) as server:
+    with running_servers(*launches) as servers:
+        for plugin, server in zip(("on", "off"), servers, strict=True):
             results[plugin] = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in requests]
     assert results["on"] == results["off"]
     calls = trace.read(trace_path, "embed_routine")

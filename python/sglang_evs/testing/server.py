@@ -188,6 +188,42 @@ def wait_healthy(base_url: str, process: subprocess.Popen, log_path: Path, timeo
     wait_ready(healthy, process, log_path, "server", timeout)
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One server to start (arguments as `start_server`)."""
+
+    model_path: str | Path
+    log_path: str | Path
+    extra_args: Sequence[str] = ()
+    env: dict[str, str] | None = None
+    cpu: bool = True
+    cores: Sequence[int] | None = None
+
+
+@contextmanager
+def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[RunningServer]]:
+    """Start every server at once (a start is mostly one core importing and loading, so on several
+    cores their starts overlap), wait for each one's /health_generate, yield them in order, and always
+    stop every process group. An idle server sleeps (`--sleep-on-idle`), so one that waits costs the
+    one serving nothing."""
+    processes: list[subprocess.Popen] = []
+    try:
+        for launch in launches:
+            processes.append(
+                start_server(launch.model_path, launch.log_path, launch.extra_args, launch.env, cpu=launch.cpu,
+                             cores=launch.cores)  # fmt: skip
+            )
+        servers = []
+        for launch, process in zip(launches, processes, strict=True):
+            base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
+            wait_healthy(base_url, process, Path(launch.log_path), timeout)
+            servers.append(RunningServer(base_url, process, Path(launch.log_path)))
+        yield servers
+    finally:
+        for process in processes:
+            stop(process)
+
+
 @contextmanager
 def running_server(
     model_path: str | Path,
@@ -198,12 +234,7 @@ def running_server(
     cpu: bool = True,
     cores: Sequence[int] | None = None,
 ) -> Iterator[RunningServer]:
-    """Launch (arguments as `start_server`), wait for /health_generate, yield, and always stop the
-    whole process group."""
-    process = start_server(model_path, log_path, extra_args, env, cpu=cpu, cores=cores)
-    base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
-    try:
-        wait_healthy(base_url, process, Path(log_path), timeout)
-        yield RunningServer(base_url, process, Path(log_path))
-    finally:
-        stop(process)
+    """Launch one server (arguments as `start_server`), wait for /health_generate, yield, and always stop
+    the whole process group."""
+    with running_servers(Launch(model_path, log_path, extra_args, env, cpu, cores), timeout=timeout) as (server,):
+        yield server
