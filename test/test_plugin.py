@@ -53,6 +53,23 @@ def test_adaptive_dispatch_to_encoder_is_refused_naming_the_flag():
     assert plugin.refuse_unsupported_server_args("checked", allowed) == "checked"
 
 
+def test_a_server_wide_pruning_setting_for_a_model_not_pruned_is_refused(tiny_gemma3_dir, tiny_model_dir):
+    """Gemma 3's processor never reads the setting: silently serving it unpruned is refused at startup."""
+    from types import SimpleNamespace
+
+    def args(model_dir, overrides):
+        return SimpleNamespace(model_path=str(model_dir), json_model_override_args=overrides)
+
+    message = "Gemma3ForConditionalGeneration does not prune videos, so its video_pruning_rate would be ignored"
+    with pytest.raises(plugin.UnsupportedServerArgsError, match=message):
+        plugin.refuse_unsupported_server_args(None, args(tiny_gemma3_dir, '{"video_pruning_rate": 0.5}'))
+    with pytest.raises(ValueError, match="video_pruning_method must be one of"):  # a bad value, by its name
+        plugin.refuse_unsupported_server_args(None, args(tiny_gemma3_dir, '{"video_pruning_method": "fast"}'))
+    for serves in (args(tiny_gemma3_dir, '{"video_pruning_rate": 0}'), args(tiny_gemma3_dir, None),
+                   args(tiny_model_dir, '{"video_pruning_rate": 0.5}')):  # fmt: skip
+        assert plugin.refuse_unsupported_server_args("checked", serves) == "checked"
+
+
 @pytest.mark.slow
 def test_server_with_adaptive_dispatch_stops_at_startup(tiny_model_dir, tmp_path):
     """Refused while SGLang validates its arguments, before any scheduler starts."""

@@ -91,7 +91,8 @@ class UnsupportedServerArgsError(ValueError):
 
 def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
     """AFTER hook on ServerArgs.check_server_args: refuse, at startup, the flags whose code path
-    bypasses the plugin's embedding routine (it would fail at the first multimodal forward)."""
+    bypasses the plugin's embedding routine (it would fail at the first multimodal forward), and a
+    server-wide pruning setting for a model the plugin does not prune (it would be silently ignored)."""
     from sglang_evs.sglang_compat import UNSUPPORTED_SERVER_FLAGS
 
     given = [flag for attr, flag in UNSUPPORTED_SERVER_FLAGS.items() if getattr(server_args, attr, False)]
@@ -100,7 +101,44 @@ def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
             f"sglang-evs does not support {', '.join(given)}: its multimodal embedding routine replaces "
             "SGLang's for every model and has no adaptive-dispatch path; remove the flag or uninstall sglang-evs"
         )
+    refuse_pruning_of_a_model_not_pruned(server_args)
     return result
+
+
+def refuse_pruning_of_a_model_not_pruned(server_args) -> None:
+    """Only the architectures in `models.registry` prune videos; any other model's processor never reads
+    the settings. A request's own setting is ignored there, as SGLang ignores `mm_processor_kwargs` a
+    processor does not read; a server-wide one that would prune is refused (a bad value too, by name)."""
+    import json
+
+    from sglang_evs.models.registry import MODELS, prunes_videos
+    from sglang_evs.pruning.settings import NO_PRUNING, pruning_from
+
+    overrides = json.loads(getattr(server_args, "json_model_override_args", None) or "{}")
+    if not pruning_from(overrides, NO_PRUNING).prunes:
+        return
+    architecture = _checkpoint_architecture(server_args)
+    if architecture is not None and not prunes_videos(architecture):
+        pruned = ", ".join(name for name in MODELS if prunes_videos(name))
+        raise UnsupportedServerArgsError(
+            f"sglang-evs: {architecture} does not prune videos, so its video_pruning_rate would be ignored; "
+            f"remove the pruning settings from --json-model-override-args (video pruning serves {pruned})"
+        )
+
+
+def _checkpoint_architecture(server_args) -> str | None:
+    """The checkpoint's architecture, read as SGLang reads it; None where it cannot be read here (SGLang
+    then reports the checkpoint itself)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            server_args.model_path, trust_remote_code=getattr(server_args, "trust_remote_code", False),
+            revision=getattr(server_args, "revision", None),
+        )  # fmt: skip
+    except (OSError, ValueError, KeyError):
+        return None
+    return (getattr(config, "architectures", None) or [None])[0]
 
 
 def carry_chat_pruning_setting(result, *args, **kwargs):

@@ -10,8 +10,6 @@ step must be equal exactly (a batch's logprobs closely: see the batch test). An 
 shows that the plugin's routine embedded the images in one and that no process of the other ran the plugin.
 """
 
-import contextlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,7 @@ from sglang_evs.testing.requests import (
     logprob_gap,
     media_kwargs,
 )
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_servers
 
 pytestmark = pytest.mark.slow  # four servers: the full suite only (see pyproject.toml)
 
@@ -70,7 +68,7 @@ def served(request, media_dir, tmp_path_factory) -> dict:
     servers start together."""
     work = tmp_path_factory.mktemp("other_families")
     images = (media_dir / "image.png", media_dir / "image2.png", media.write_image(work / "image3.png", seed=9))
-    runs, out = [], {}
+    launches, keys, out = [], [], {}
     for family, (fixture, extra, *_) in FAMILIES.items():
         model = request.getfixturevalue(fixture)
         args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), *extra]
@@ -79,11 +77,10 @@ def served(request, media_dir, tmp_path_factory) -> dict:
             out["trace", family, plugin] = work / f"trace-{family}-{plugin}.jsonl"
             env = {"SGLANG_EVS_TRACE": str(out["trace", family, plugin])}
             env |= {} if plugin == "on" else {"SGLANG_PLUGINS": "none"}
-            runs.append((family, plugin, running_server(model, work / f"{family}-{plugin}.log", args, env=env)))
-    with contextlib.ExitStack() as stack, ThreadPoolExecutor(len(runs)) as pool:
-        starts = [pool.submit(stack.enter_context, server) for *_, server in runs]
-        servers = [start.result() for start in starts]
-        for (family, plugin, _), server in zip(runs, servers, strict=True):
+            launches.append(Launch(model, work / f"{family}-{plugin}.log", args, env))
+            keys.append((family, plugin))
+    with running_servers(*launches) as servers:
+        for (family, plugin), server in zip(keys, servers, strict=True):
             out[family, plugin] = run_all(server.base_url, family, images)
             out["log", family, plugin] = server.log()
     return out

@@ -44,12 +44,18 @@ def model_class(architecture: str) -> Any | None:
     return getattr(importlib.import_module(f"sglang_evs.models.{module_name}"), class_name)
 
 
+def prunes_videos(architecture: str) -> bool:
+    """Whether the plugin prunes this architecture's videos (`AdaptedModel.prunes_videos`, the one place
+    that says so)."""
+    cls = model_class(architecture)
+    return cls is not None and cls.prunes_videos
+
+
 def upstream_classes() -> list[Any]:
-    """The upstream classes whose processor is the pruning one: those of our classes that prune videos
-    (`AdaptedModel.prunes_videos`, the one place that says so)."""
+    """The upstream classes whose processor is the pruning one."""
     from sglang_evs import sglang_compat
 
-    return [sglang_compat.resolve(entry.upstream) for name, entry in MODELS.items() if model_class(name).prunes_videos]
+    return [sglang_compat.resolve(entry.upstream) for name, entry in MODELS.items() if prunes_videos(name)]
 
 
 def resolve_model_cls_around(original, registry, architectures):

@@ -210,8 +210,14 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
     try:
         for launch in launches:
             processes.append(
-                start_server(launch.model_path, launch.log_path, launch.extra_args, launch.env, cpu=launch.cpu,
-                             cores=launch.cores)  # fmt: skip
+                start_server(
+                    launch.model_path,
+                    launch.log_path,
+                    launch.extra_args,
+                    launch.env,
+                    cpu=launch.cpu,
+                    cores=launch.cores,
+                )  # fmt: skip
             )
         servers = []
         for launch, process in zip(launches, processes, strict=True):
