@@ -1,0 +1,48 @@
+"""No module imports a higher layer (docs/architecture.md): read from the imports themselves."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_evs"
+
+# A folder's modules may import only these of the package's folders (besides its own and the top-level
+# sglang_compat and trace modules, which import nothing of the package).
+ALLOWED = {
+    "methods": set(),
+    "runtime": set(),
+    "multimodal": set(),
+    "pruning": {"methods", "multimodal"},
+    "models": {"methods", "multimodal", "pruning"},
+    "testing": {"methods", "runtime"},
+    "bench": {"methods", "models", "testing", "runtime"},
+}
+
+
+def imported_folders(path: Path) -> set[str]:
+    folders = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "sglang_evs" and len(parts) > 1 and (PACKAGE / parts[1]).is_dir():
+                folders.add(parts[1])
+    return folders
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_a_folder_imports_no_higher_layer(folder):
+    for path in sorted((PACKAGE / folder).glob("*.py")):
+        above = imported_folders(path) - ALLOWED[folder] - {folder}
+        assert not above, f"{path.relative_to(PACKAGE)} imports {sorted(above)}"
+
+
+def test_the_check_sees_an_import_across_layers(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from sglang_evs.models.registry import MODELS\nimport sglang_evs.bench.ratios\n")
+    assert imported_folders(module) == {"models", "bench"}
