@@ -106,7 +106,7 @@ def test_router_drops_a_per_request_rate_and_the_workers_default_applies(cluster
     docs can drop the `chat_template_kwargs` detour."""
     router, workers = cluster
     request = workload.mixed_requests(files, 4, video_rates=(None, 0.75))[3]
-    assert request.extra["mm_processor_kwargs"] == {"video_pruning_rate": 0.75}
+    assert request.extra["mm_processor_kwargs"] == {"video_pruning_method": "evs", "video_pruning_rate": 0.75}
     direct = workload.send(workers[0].base_url, request)
     routed = workload.send(router.base_url, request)
     assert direct.meta["video_pruning_rate"] == 0.75
