@@ -13,7 +13,7 @@ import requests
 
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs, pruning_metrics
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_servers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
@@ -24,6 +24,8 @@ SERVER_RATE = 0.5
 GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -> 4 groups of 10x10
 SERVER_SETTINGS = f'{{"video_pruning_method": "vidcom2", "video_pruning_rate": {SERVER_RATE}}}'
 SERVER_ARGS = ["--dtype", "float32", "--json-model-override-args", SERVER_SETTINGS]
+# The module's server sets the same default with the plugin's launcher flags (vLLM's CLI names).
+LAUNCHER_ARGS = ["--dtype", "float32", "--video-pruning-method", "vidcom2", "--video-pruning-rate", str(SERVER_RATE)]
 
 
 def vidcom2_count(q: float) -> int:
@@ -51,7 +53,8 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vidcom2_server") / "server.log"
-    with running_server(tiny_model_dir, log, [*SERVER_ARGS, "--enable-metrics"]) as running:
+    launch = Launch(tiny_model_dir, log, [*LAUNCHER_ARGS, "--enable-metrics"], launcher="sglang_evs.launch_server")
+    with running_servers(launch) as (running,):
         yield running
 
 

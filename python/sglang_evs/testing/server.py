@@ -120,13 +120,15 @@ def start_server(
     port: int | None = None,
     cpu: bool = True,
     cores: Sequence[int] | None = None,
+    launcher: str = "sglang.launch_server",
 ) -> subprocess.Popen:
     """`cpu=False` adds none of the CPU arguments and environment (a GPU run names its own). `cores`:
     the only CPU cores the server's processes may run on, and as many torch threads (a worker with
-    cores of its own, as a GPU worker has its own GPU); None: every core this process may use."""
+    cores of its own, as a GPU worker has its own GPU); None: every core this process may use.
+    `launcher`: the module run with `python -m` (`sglang_evs.launch_server` takes vLLM's pruning flags)."""
     port = port or free_port()
     cmd = [
-        sys.executable, "-m", "sglang.launch_server",
+        sys.executable, "-m", launcher,
         "--model-path", str(model_path),
         "--host", "127.0.0.1", "--port", str(port),
         *(cpu_server_args(model_path) if cpu else ()), *extra_args,
@@ -198,6 +200,7 @@ class Launch:
     env: dict[str, str] | None = None
     cpu: bool = True
     cores: Sequence[int] | None = None
+    launcher: str = "sglang.launch_server"
 
 
 @contextmanager
@@ -217,6 +220,7 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
                     launch.env,
                     cpu=launch.cpu,
                     cores=launch.cores,
+                    launcher=launch.launcher,
                 )  # fmt: skip
             )
         servers = []
