@@ -26,7 +26,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     pruning_metrics,
 )
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_server, running_servers
 from sglang_evs.testing.workload import send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
@@ -304,15 +304,19 @@ def assert_same_generation(got, want, context) -> None:
 
 def served_in_chunks(model_dir: Path, cases: list, chunk_sizes, server_args: list[str], log_dir: Path) -> dict:
     """chunk size (None: SGLang's default) -> (first replies, repeated replies) of `cases`, one
-    server per size; the repeats must hit the radix cache."""
+    server per size, started together; the repeats must hit the radix cache."""
+    launches = [
+        Launch(model_dir, log_dir / f"chunk-{chunk}.log",
+               [*server_args, *(["--chunked-prefill-size", str(chunk)] if chunk else [])])
+        for chunk in chunk_sizes
+    ]  # fmt: skip
     results = {}
-    for chunk in chunk_sizes:
-        args = [*server_args, *(["--chunked-prefill-size", str(chunk)] if chunk else [])]
-        with running_server(model_dir, log_dir / f"chunk-{chunk}.log", args) as server:
+    with running_servers(*launches) as servers:
+        for chunk, server in zip(chunk_sizes, servers, strict=True):
             first = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
             again = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
-        assert all(a.cached_tokens > 0 for a in again), f"chunk size {chunk}: no radix hit"
-        results[chunk] = first, again
+            assert all(a.cached_tokens > 0 for a in again), f"chunk size {chunk}: no radix hit"
+            results[chunk] = first, again
     return results
 
 
