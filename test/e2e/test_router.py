@@ -22,7 +22,7 @@ from sglang_evs.testing.requests import (
     served_requests,
 )
 from sglang_evs.testing.router import MEDIA_BALANCE_ARGS, healthy_workers, running_router, worker_args
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import Launch, running_servers
 
 pytestmark = pytest.mark.slow
 
@@ -43,25 +43,23 @@ def request_set(files):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir, tmp_path_factory, request_set):
-    """The request set, as chat requests, from one worker on its own, and its counters' increase."""
-    with running_server(tiny_model_dir, tmp_path_factory.mktemp("single") / "server.log", WORKER_ARGS) as server:
-        before = pruning_metrics(server.base_url)
-        answers = workload.send_concurrently(server.base_url, request_set, sender=workload.send_chat)
-        return answers, counter_increase(before, pruning_metrics(server.base_url))
-
-
-@pytest.fixture(scope="module")
 def cluster(tiny_model_dir, tmp_path_factory):
     folder = tmp_path_factory.mktemp("router")
-    with ExitStack() as stack:
-        workers = [
-            stack.enter_context(running_server(tiny_model_dir, folder / f"worker{i}.log", WORKER_ARGS))
-            for i in range(2)
-        ]
+    launches = [Launch(tiny_model_dir, folder / f"worker{i}.log", WORKER_ARGS) for i in range(2)]
+    with running_servers(*launches) as workers, ExitStack() as stack:
         urls = [w.base_url for w in workers]
         router = stack.enter_context(running_router(urls, folder / "router.log", extra=MEDIA_BALANCE_ARGS))
         yield router, workers
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, request_set):
+    """The request set, as chat requests, from one worker on its own (sent to it directly, not through the
+    router), and its counters' increase."""
+    _, workers = cluster
+    before = pruning_metrics(workers[0].base_url)
+    answers = workload.send_concurrently(workers[0].base_url, request_set, sender=workload.send_chat)
+    return answers, counter_increase(before, pruning_metrics(workers[0].base_url))
 
 
 def test_64_mixed_chat_requests_at_two_rates_through_the_router_match_one_worker(cluster, reference, request_set):
