@@ -24,6 +24,7 @@ from sglang_evs.testing.requests import (
     generate,
     logprob_gap,
     media_kwargs,
+    per_request_rate,
     pruning_metrics,
 )
 from sglang_evs.testing.server import Launch, running_server, running_servers
@@ -40,10 +41,6 @@ GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -
 def evs_count(q: float) -> int:
     """The EVS kept count written out: max(tpf, int(T * tpf * (1 - q)))."""
     return max(TOKENS_PER_GROUP, int(GROUPS * TOKENS_PER_GROUP * (1 - q)))
-
-
-def rate(q: float) -> dict:
-    return {"mm_processor_kwargs": {"video_pruning_rate": q}}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +70,7 @@ def evs_server(tiny_model_dir, evs_trace):
 
 
 def video_request(server, clip, q=None, **extra):
-    kwargs = rate(q) if q is not None else {}
+    kwargs = per_request_rate(q) if q is not None else {}
     return generate(server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **kwargs, **extra)[0]
 
 
@@ -373,5 +370,5 @@ def test_images_are_never_pruned(evs_server, media_dir):
     runs = []
     for q in (0.9, 0.0):
         flush_cache(evs_server.base_url)
-        runs.append(generate(evs_server.base_url, prompt, **kwargs, **rate(q))[0])
+        runs.append(generate(evs_server.base_url, prompt, **kwargs, **per_request_rate(q))[0])
     assert runs[0] == runs[1]

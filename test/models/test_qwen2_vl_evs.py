@@ -55,10 +55,6 @@ ARCHITECTURES = {
 GROUPS = 4  # a 16-frame 4 fps clip -> SGLang samples 8 frames -> 4 temporal groups
 
 
-def rate(q: float) -> dict:
-    return {"mm_processor_kwargs": {"video_pruning_rate": q}}
-
-
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("qwen2_clips")
@@ -79,7 +75,8 @@ def served(request, tmp_path_factory):
 
 
 def video(server, clip, q, **extra):
-    return generate(server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **rate(q), **extra)[0]
+    kwargs = {**media_kwargs(videos=[clip]), **per_request_rate(q), **extra}
+    return generate(server.base_url, chat_prompt(VIDEO), **kwargs)[0]
 
 
 def test_our_adapter_serves_with_fixed_buffers(served):
@@ -113,7 +110,7 @@ def test_images_are_never_pruned(served, media_dir):
     runs = []
     for q in (0.9, 0.0):
         flush_cache(server.base_url)
-        runs.append(generate(server.base_url, prompt, **kwargs, **rate(q))[0])
+        runs.append(generate(server.base_url, prompt, **kwargs, **per_request_rate(q))[0])
     assert runs[0] == runs[1]
 
 
@@ -150,9 +147,10 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(served, clips, media_
     50-token chunks cut inside and at the edges of every video."""
     architecture, model_dir, server, _ = served
     cases = [
-        (chat_prompt(VIDEO), {**media_kwargs(videos=[clips["moving"]]), **rate(0.5)}),
+        (chat_prompt(VIDEO), {**media_kwargs(videos=[clips["moving"]]), **per_request_rate(0.5)}),
         (chat_prompt(IMAGE, VIDEO, VIDEO),
-         {**media_kwargs(images=[media_dir / "image.png"], videos=[clips["noise"], clips["moving"]]), **rate(0.5)}),
+         {**media_kwargs(images=[media_dir / "image.png"], videos=[clips["noise"], clips["moving"]]),
+          **per_request_rate(0.5)}),
     ]  # fmt: skip
     flush_cache(server.base_url)
     reference = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in cases]
@@ -285,7 +283,7 @@ def test_bad_rates_get_400_and_prometheus_counts_what_was_pruned(served, clips):
     for bad in (1.5, -0.5, "fast"):
         reply = requests.post(
             f"{server.base_url}/generate",
-            json={"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], **rate(bad),
+            json={"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], **per_request_rate(bad),
                   "sampling_params": {"max_new_tokens": 2}},
             timeout=120,
         )  # fmt: skip

@@ -75,14 +75,6 @@ BAD_RATES = (1.5, -0.5, "fast")
 COUNTS = ("video_tokens_before_pruning", "video_tokens_after_pruning")
 
 
-def rate(q: float) -> dict:
-    return {"mm_processor_kwargs": {"video_pruning_rate": q}}
-
-
-def vidcom2(q: float) -> dict:
-    return per_request_rate(q, "vidcom2")
-
-
 def parity_cases(media_dir: Path) -> dict[str, tuple[str, dict]]:
     return {
         "text": (chat_prompt(text="Count the objects in the scene."), {}),
@@ -133,7 +125,7 @@ class Served:
 
 
 def video(base_url: str, clip: Path, q: float | None = None, **extra) -> Generation:
-    extra = {**rate(q), **extra} if q is not None else extra
+    extra = {**per_request_rate(q), **extra} if q is not None else extra
     return generate(base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **extra)[0]
 
 
@@ -166,7 +158,7 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         served.evs_repeat = video(url, clips["moving"], 0.5)
         for q in VIDCOM2_RATES:
             for clip in ("moving", "noise"):
-                served.vidcom2[clip, q] = video(url, clips[clip], **vidcom2(q))
+                served.vidcom2[clip, q] = video(url, clips[clip], **per_request_rate(q, "vidcom2"))
         unseen = media.write_clip(out / "unseen.mp4", "noise", num_frames=16, fps=4, seed=11)
         served.cache_keys = [video(url, unseen, q) for q in (0.25, 0.25, 0.75)]
         mixed = mixed_cases(clips, media_dir)
@@ -175,7 +167,7 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         for bad in BAD_RATES:
             reply = requests.post(
                 f"{url}/generate",
-                json={"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], **rate(bad),
+                json={"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], **per_request_rate(bad),
                       "sampling_params": {"max_new_tokens": 2}},
                 timeout=120,
             )  # fmt: skip

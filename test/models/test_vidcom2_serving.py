@@ -12,7 +12,16 @@ import pytest
 import requests
 
 from sglang_evs.testing import media
-from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, media_kwargs, pruning_metrics
+from sglang_evs.testing.requests import (
+    IMAGE,
+    VIDEO,
+    chat_prompt,
+    flush_cache,
+    generate,
+    media_kwargs,
+    per_request_rate,
+    pruning_metrics,
+)
 from sglang_evs.testing.server import Launch, running_servers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,14 +40,6 @@ LAUNCHER_ARGS = ["--dtype", "float32", "--video-pruning-method", "vidcom2", "--v
 def vidcom2_count(q: float) -> int:
     """vLLM 0.33's rule written out: max(T, int(T * tpf * (1 - q)))."""
     return max(GROUPS, min(int(GROUPS * TOKENS_PER_GROUP * (1 - q)), GROUPS * TOKENS_PER_GROUP))
-
-
-def vidcom2(q) -> dict:
-    return {"mm_processor_kwargs": {"video_pruning_method": "vidcom2", "video_pruning_rate": q}}
-
-
-def evs_rate(q) -> dict:
-    return {"mm_processor_kwargs": {"video_pruning_method": "evs", "video_pruning_rate": q}}
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +65,8 @@ def video_request(server, clip, **extra):
 
 @pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.75, 0.9, 0.995])
 def test_prompt_tokens_follow_the_vidcom2_count(server, clips, q):
-    unpruned = video_request(server, clips["moving"], **evs_rate(0.0))
-    served = video_request(server, clips["moving"], **vidcom2(q))
+    unpruned = video_request(server, clips["moving"], **per_request_rate(0.0))
+    served = video_request(server, clips["moving"], **per_request_rate(q, "vidcom2"))
     assert served.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - vidcom2_count(q))
     assert served.meta["video_tokens"] == vidcom2_count(q)
 
@@ -74,7 +75,7 @@ def test_server_default_is_vidcom2_and_a_request_may_choose_evs(server, clips):
     default = video_request(server, clips["static"])
     assert default.meta["video_pruning_method"] == "vidcom2"
     assert default.meta["video_tokens"] == vidcom2_count(SERVER_RATE)
-    evs = video_request(server, clips["static"], **evs_rate(0.9))
+    evs = video_request(server, clips["static"], **per_request_rate(0.9))
     assert evs.meta["video_pruning_method"] == "evs"
     assert evs.meta["video_tokens"] == max(TOKENS_PER_GROUP, int(GROUPS * TOKENS_PER_GROUP * (1 - 0.9)))
     # what a request leaves out is the server's: the method here, the rate there
@@ -86,8 +87,8 @@ def test_server_default_is_vidcom2_and_a_request_may_choose_evs(server, clips):
 
 def test_what_was_pruned_is_counted_by_method(server, clips):
     before = pruning_metrics(server.base_url)
-    pruned = video_request(server, clips["noise"], **vidcom2(0.75))
-    evs = video_request(server, clips["noise"], **evs_rate(0.5))
+    pruned = video_request(server, clips["noise"], **per_request_rate(0.75, "vidcom2"))
+    evs = video_request(server, clips["noise"], **per_request_rate(0.5))
     after = pruning_metrics(server.base_url)
     assert {k: v for k, v in pruned.meta.items() if k.startswith("video_")} == {
         "video_pruning_method": "vidcom2",
@@ -105,9 +106,9 @@ def test_what_was_pruned_is_counted_by_method(server, clips):
 
 def test_evs_and_vidcom2_at_the_same_rate_share_no_cached_video(server, tmp_path):
     clip = media.write_clip(tmp_path / "unseen.mp4", "noise", num_frames=16, fps=4, seed=12)  # not cached yet
-    first = video_request(server, clip, **vidcom2(0.75))
-    again = video_request(server, clip, **vidcom2(0.75))
-    evs = video_request(server, clip, **evs_rate(0.75))  # the same q = 0.75 and the same kept count
+    first = video_request(server, clip, **per_request_rate(0.75, "vidcom2"))
+    again = video_request(server, clip, **per_request_rate(0.75, "vidcom2"))
+    evs = video_request(server, clip, **per_request_rate(0.75))  # the same q = 0.75 and the same kept count
     assert evs.prompt_tokens == first.prompt_tokens
     assert again.cached_tokens >= first.prompt_tokens - 1
     assert evs.cached_tokens < 20  # only the text before the video
@@ -117,7 +118,7 @@ def test_evs_and_vidcom2_at_the_same_rate_share_no_cached_video(server, tmp_path
 @pytest.mark.parametrize("clip", ["noise", "moving"])
 def test_greedy_tokens_equal_hf_oracle_with_the_vidcom2_mask(server, tiny_model_dir, clips, q, clip):
     reference = hf_pruned_greedy(tiny_model_dir, clips[clip], q, keep_mask=vidcom2_keep_mask)
-    assert_matches_hf(video_request(server, clips[clip], **vidcom2(q)), reference)
+    assert_matches_hf(video_request(server, clips[clip], **per_request_rate(q, "vidcom2")), reference)
 
 
 @pytest.mark.slow
