@@ -116,6 +116,8 @@ def test_openai_client_sets_the_rate_per_request(evs_server, clips):
 
 def test_server_rate_is_the_default(evs_server, clips):
     default = video_request(evs_server, clips["static"])
+    # the server's override names only the rate: EVS is the default method, as in vLLM
+    assert (default.meta["video_pruning_method"], default.meta["video_pruning_rate"]) == ("evs", SERVER_RATE)
     explicit = video_request(evs_server, clips["static"], q=SERVER_RATE)
     assert explicit.prompt_tokens == default.prompt_tokens and explicit.output_ids == default.output_ids
     assert explicit.cached_tokens >= default.prompt_tokens - 1  # same cache key: same rate
