@@ -514,7 +514,10 @@ ARCHITECTURES: dict[str, Architecture] = {
         "Qwen3VLConfig", {name: (lambda p=p: _qwen3_vl_fields(p)) for name, p in PROFILES.items()}, _qwen3_vl_processor
     ),
     "Qwen3VLMoeForConditionalGeneration": Architecture(
-        "Qwen3VLMoeConfig", {"tiny": _qwen3_vl_moe_fields}, _qwen3_vl_processor
+        "Qwen3VLMoeConfig",
+        {"tiny": _qwen3_vl_moe_fields},
+        _qwen3_vl_processor,
+        released_layout=lambda weights_file: _write_released_expert_layout(weights_file),
     ),
     "Qwen2_5_VLForConditionalGeneration": Architecture(
         "Qwen2_5_VLConfig",
@@ -713,8 +716,6 @@ def build_tiny_model(
     model.save_pretrained(out, safe_serialization=True)
     if arch.sglang_only_deepstack and config.vision_config.deepstack_visual_indexes:
         _add_deepstack_mergers(out / "model.safetensors", config.vision_config, seed)
-    if architecture == "Qwen3VLMoeForConditionalGeneration":
-        _write_released_expert_layout(out / "model.safetensors")
     if arch.released_layout is not None:
         arch.released_layout(out / "model.safetensors")
     tokenizer.save_pretrained(out)
