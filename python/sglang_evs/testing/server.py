@@ -39,15 +39,19 @@ CPU_ROUTE_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
 CPU_ENV = {**CPU_ROUTE_ENV, **OFFLINE_ENV}
 
 
-def server_environment(cpu: bool, extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict:
+def server_environment(
+    cpu: bool, extra: dict[str, str] | None = None, base: dict[str, str] | None = None, server_args: Sequence[str] = ()
+) -> dict:
     """The server's environment. A test process runs with the CPU route set (scripts/cpu_env.sh), so
     a GPU server gets this process's environment without it: SGLang would otherwise pick its CPU
-    platform and the plugin its CPU runtime."""
+    platform and the plugin its CPU runtime. A CPU server with several ranks (`server_args`) gets one
+    core group per rank unless the environment names them."""
     env = dict(os.environ if base is None else base)
     if not cpu:
         for key in CPU_ROUTE_ENV:
             env.pop(key, None)
-    return {**env, **(CPU_ENV if cpu else OFFLINE_ENV), **(extra or {})}
+    env = {**env, **(CPU_ENV if cpu else OFFLINE_ENV), **(extra or {})}
+    return {**env, **cpu_rank_environment(server_args, env)} if cpu else env
 
 
 def is_hybrid(model_path: str | Path) -> bool:
@@ -133,9 +137,7 @@ def start_server(
         "--host", "127.0.0.1", "--port", str(port),
         *(cpu_server_args(model_path) if cpu else ()), *extra_args,
     ]  # fmt: skip
-    environment = server_environment(cpu, env)
-    if cpu:
-        environment.update(cpu_rank_environment(extra_args, environment))
+    environment = server_environment(cpu, env, server_args=extra_args)
     if cores is not None:
         environment["OMP_NUM_THREADS"] = str(len(cores))
     process = spawn(cmd, log_path, environment, cores)
@@ -149,8 +151,7 @@ def run_to_exit(
     """A CPU server run in the foreground until it exits by itself (a refusal at startup), output captured."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
            *cpu_server_args(model_path), *extra_args]  # fmt: skip
-    environment = server_environment(cpu=True)
-    environment.update(cpu_rank_environment(extra_args, environment))
+    environment = server_environment(cpu=True, server_args=extra_args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environment)
 
 
@@ -221,7 +222,7 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
                     cpu=launch.cpu,
                     cores=launch.cores,
                     launcher=launch.launcher,
-                )  # fmt: skip
+                )
             )
         servers = []
         for launch, process in zip(launches, processes, strict=True):
