@@ -23,8 +23,9 @@ from sglang_evs.methods import (
     method_named,
 )
 
-SETTINGS = (PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING)
 RETIRED_SETTING = "video_retention_ratio"
+# Every key the plugin reads from a config or a request: the retired one too, to refuse it by name.
+READ_SETTINGS = (PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING, RETIRED_SETTING)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
 
 def server_pruning(hf_config) -> Pruning:
     """The server-wide default; raises ValueError naming the setting if it is invalid."""
-    return pruning_from({key: getattr(hf_config, key, None) for key in (*SETTINGS, RETIRED_SETTING)}, NO_PRUNING)
+    return pruning_from({key: getattr(hf_config, key, None) for key in READ_SETTINGS}, NO_PRUNING)
 
 
 def request_pruning(request_obj, default: Pruning) -> Pruning:
@@ -68,9 +69,8 @@ def request_pruning(request_obj, default: Pruning) -> Pruning:
 def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs: dict | None) -> dict | None:
     """A chat request's `mm_processor_kwargs`, given the pruning settings its `chat_template_kwargs` name
     that it does not name itself (its own win: `chat_template_kwargs` may hold a server-wide default)."""
-    keys = (*SETTINGS, RETIRED_SETTING)  # the retired one travels too, to be refused by name
     own = {key: value for key, value in (mm_processor_kwargs or {}).items() if value is not None}
-    carried = {key: value for key in keys if (value := (chat_template_kwargs or {}).get(key)) is not None}
+    carried = {key: value for key in READ_SETTINGS if (value := (chat_template_kwargs or {}).get(key)) is not None}
     return {**carried, **own} if carried.keys() - own.keys() else mm_processor_kwargs
 
 
