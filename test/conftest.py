@@ -79,6 +79,20 @@ def tiny_qwen3_5_moe_dir() -> Path:
     return build_cached_model("tiny", "Qwen3_5MoeForConditionalGeneration")
 
 
+MTP_HEAD = {"text_config": {"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False}}
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_mtp_dir() -> Path:
+    """The tiny Qwen3.5 with the MTP layer released configs declare, made for drafts that are accepted."""
+    return build_cached_model("tiny", "Qwen3_5ForConditionalGeneration", MTP_HEAD, "mtp")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_moe_mtp_dir() -> Path:
+    return build_cached_model("tiny", "Qwen3_5MoeForConditionalGeneration", MTP_HEAD, "mtp")
+
+
 @pytest.fixture(scope="session")
 def tiny_gemma3_dir() -> Path:
     return build_cached_model("tiny", "Gemma3ForConditionalGeneration")

@@ -294,9 +294,10 @@ def test_fused_sigmoid_gating_delta_rule_update_matches_token_loop():
         check_pool(pool, before, expected_rows)
 
 
-def test_speculative_verify_is_refused_not_miscomputed():
+def test_speculative_verify_over_a_draft_tree_is_refused_not_miscomputed():
+    """Chains verify (against upstream's kernels in test_speculative_kernels.py); trees are refused."""
     pool = torch.zeros(2, 1, 2, 2)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(NotImplementedError, match="eagle-topk 1"):
         torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu(
             A_log=torch.zeros(1),
             dt_bias=torch.zeros(1),
@@ -314,6 +315,7 @@ def test_speculative_verify_is_refused_not_miscomputed():
             intermediate_states_buffer=torch.zeros(2, 2, 1, 2, 2),
             intermediate_state_indices=torch.tensor([0], dtype=torch.int32),
             cache_steps=2,
+            retrieve_parent_token=torch.tensor([[-1, 0]]),
         )
     assert not pool.any()
 

@@ -231,6 +231,42 @@ def test_qwen3_5_is_hybrid_as_sglang_reads_it(tiny_qwen3_5_dir, tiny_qwen3_5_moe
         assert 2 * sum(text["rope_parameters"]["mrope_section"]) == rotary_dim
 
 
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_5_mtp_dir", "tiny_qwen3_5_moe_mtp_dir"])
+def test_mtp_head_is_written_as_released_and_transformers_loads_past_it(fixture, request):
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText
+
+    path = request.getfixturevalue(fixture)
+    text = json.loads((path / "config.json").read_text())["text_config"]
+    assert text["mtp_num_hidden_layers"] == 1 and text["mtp_use_dedicated_embeddings"] is False
+    with safe_open(path / "model.safetensors", "pt") as weights:
+        shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
+    hidden = text["hidden_size"]
+    assert shapes["mtp.fc.weight"] == (hidden, 2 * hidden)
+    for norm in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"):
+        assert shapes[norm] == (hidden,)
+    last_full = max(i for i, kind in enumerate(text["layer_types"]) if kind == "full_attention")
+    target = f"model.language_model.layers.{last_full}."
+    layer = {name[len(target) :]: shape for name, shape in shapes.items() if name.startswith(target)}
+    draft = {name[len("mtp.layers.0.") :]: shape for name, shape in shapes.items() if name.startswith("mtp.layers.0.")}
+    assert draft == layer and "self_attn.q_proj.weight" in draft
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    assert not [name for name, _ in model.named_parameters() if "mtp" in name]
+
+
+@pytest.mark.parametrize(
+    ("architecture", "overrides", "message"),
+    [
+        ("Qwen3_5ForConditionalGeneration", {"text_config": {"mtp_num_hidden_layers": 2}}, "exactly one layer"),
+        ("Qwen3_5MoeForConditionalGeneration", {"text_config": {"mtp_use_dedicated_embeddings": True}}, "shares"),
+        ("Qwen3VLForConditionalGeneration", {"text_config": {"mtp_num_hidden_layers": 1}}, "mtp_num_hidden_layers"),
+    ],
+)
+def test_mtp_heads_sglang_cannot_build_are_refused(architecture, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_model.build_config(architecture, "tiny", tiny_model.build_tokenizer(), overrides)
+
+
 def test_build_is_deterministic(tmp_path):
     from safetensors.torch import load_file
 

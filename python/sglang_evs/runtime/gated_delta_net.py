@@ -254,3 +254,92 @@ def _one_token_each(
     state = state + correction.unsqueeze(-1) * k.unsqueeze(-2)
     state_pool[slots[valid]] = state[valid].to(state_pool.dtype)
     return (state @ q.unsqueeze(-1)).squeeze(-1).unsqueeze(0).to(v.dtype)
+
+
+def causal_conv1d_verify(
+    x: torch.Tensor,
+    conv_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | bool | None,
+    slots: torch.Tensor | None,
+    windows: torch.Tensor,
+    window_rows: torch.Tensor,
+) -> torch.Tensor:
+    """Speculative target-verify conv over a chain of L draft tokens per sequence.
+
+    As `causal_conv1d_step` (x [B, dim, L], conv_states rolled in place), and
+    windows[window_rows[b], t] [dim, W-1] becomes the last W-1 inputs through
+    draft token t: the conv state to commit if t is the last accepted token.
+    windows [rows, steps, dim, W-1]; window_rows [B] (< 0: not recorded).
+    Returns a tensor with x's shape, dtype and strides.
+    """
+    batch, _, steps = x.shape
+    width = weight.shape[1]
+    state_len = conv_states.shape[-1]
+    slot_ids = torch.arange(batch) if slots is None else slots.long()
+    valid = slot_ids >= 0
+    history = conv_states[slot_ids.clamp(min=0)].float() * valid.view(-1, 1, 1)
+    full = torch.cat([history, x.float()], dim=2)  # [B, dim, S + L]
+    through_token = full[:, :, state_len + 1 - (width - 1) :].unfold(2, width - 1, 1)  # [B, dim, L, W-1]
+    # one window at a time: SGLang may hand a deduplicated buffer whose windows overlap in memory
+    for b, row in enumerate(window_rows.tolist()):
+        if valid[b] and row >= 0:
+            for t in range(steps):
+                windows[row, t] = through_token[b, :, t]
+    y = causal_conv1d_step(x, conv_states, weight, bias, activation, slots)
+    # SGLang's caller reshapes the result through x's memory layout (a transposed view)
+    return torch.empty_like(x).copy_(y)
+
+
+def sigmoid_gated_delta_rule_verify(
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    state_pool: torch.Tensor,
+    slots: torch.Tensor,
+    starts: torch.Tensor,
+    use_qk_l2norm: bool,
+    softplus_beta: float,
+    softplus_threshold: float,
+    write_back: bool,
+    step_states: torch.Tensor | None,
+    step_rows: torch.Tensor | None,
+) -> torch.Tensor:
+    """Speculative target-verify: a chain of draft tokens per sequence, token by token.
+
+    Shapes as `sigmoid_gated_delta_rule_update`. step_states [rows, steps, HV, V, K]
+    gets, at row step_rows[i], the state after each of sequence i's tokens (the
+    state to commit if that token is the last accepted one); with write_back
+    false the pool is left unchanged. Returns [1, T, HV, V].
+    """
+    heads_v = v.shape[2]
+    g, beta = gdn_gating(
+        A_log, a.reshape(-1, heads_v), b.reshape(-1, heads_v), dt_bias, softplus_beta, softplus_threshold
+    )
+    group = heads_v // q.shape[2]
+    qf, kf = q[0].float(), k[0].float()
+    if use_qk_l2norm:
+        qf, kf = _l2_normalize(qf), _l2_normalize(kf)
+    qf = (qf * qf.shape[-1] ** -0.5).repeat_interleave(group, dim=1)  # [T, HV, K]
+    kf = kf.repeat_interleave(group, dim=1)
+    out = torch.empty(v.shape, dtype=v.dtype)
+    bounds = starts.tolist()
+    for i, slot in enumerate(slots.tolist()):
+        state = state_pool[slot].float() if slot >= 0 else torch.zeros(state_pool.shape[1:])
+        row = -1 if step_states is None else int(step_rows[i])
+        for step, t in enumerate(range(bounds[i], bounds[i + 1])):
+            state = state * g[0, t].exp().view(heads_v, 1, 1)
+            predicted = (state @ kf[t].unsqueeze(-1)).squeeze(-1)  # [HV, V]
+            correction = beta[0, t].float().view(heads_v, 1) * (v[0, t].float() - predicted)
+            state = state + correction.unsqueeze(-1) * kf[t].unsqueeze(-2)
+            out[0, t] = (state @ qf[t].unsqueeze(-1)).squeeze(-1).to(v.dtype)
+            if row >= 0:
+                step_states[row, step] = state.to(step_states.dtype)
+        if write_back and slot >= 0:
+            state_pool[slot] = state.to(state_pool.dtype)
+    return out

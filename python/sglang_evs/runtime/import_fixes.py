@@ -17,6 +17,10 @@
    Triton kernels where there is no AMX: pure-torch ones (`runtime/elementwise.py`) replace them.
 6. `sglang.srt.layers.attention.vision`: the CPU vision backend builds a dense mask over every
    patch of a video; it attends frame by frame instead (`runtime/vision_attention.py`).
+7. Speculative decoding (NEXTN / EAGLE chains): the torch-native attention backend gains target
+   verify and `DraftBackendFactory` a torch-native draft backend (`runtime/speculative_attention.py`);
+   the Mamba-state commit after verify, CUDA/XPU-only upstream, gets pure-torch scatters
+   (`runtime/speculative_kernels.py`).
 """
 
 import importlib.abc
@@ -75,11 +79,34 @@ def _vision_attention_by_segment(module: ModuleType) -> None:
     patch_vision_sdpa(module)
 
 
+def _speculative_target_verify(module: ModuleType) -> None:
+    from sglang_evs.runtime.speculative_attention import add_target_verify
+
+    add_target_verify(module)
+
+
+def _speculative_draft_backends(module: ModuleType) -> None:
+    from sglang_evs.runtime.speculative_attention import add_torch_native_draft_backends
+
+    add_torch_native_draft_backends(module)
+
+
+def _mamba_state_commit_on_cpu(module: ModuleType) -> None:
+    from sglang_evs.runtime.speculative_kernels import fused_mamba_state_scatter_with_mask
+
+    module.fused_mamba_state_scatter_with_mask = fused_mamba_state_scatter_with_mask
+    module.fused_conv_window_scatter_with_mask = fused_mamba_state_scatter_with_mask
+    module._conv_multi_eligible = lambda pairs: False  # its single-launch path is Triton-only
+
+
 # module name -> work to do on the module right after it was imported
 SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.layers.attention.vision": _vision_attention_by_segment,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
     "sglang.srt.models.qwen2_moe": _shared_expert_gate_on_cpu,
+    "sglang.srt.layers.attention.torch_native_backend": _speculative_target_verify,
+    "sglang.srt.speculative.draft_utils": _speculative_draft_backends,
+    "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _mamba_state_commit_on_cpu,
 }
 
 

@@ -1,15 +1,24 @@
 """Stand-in for the `sgl_kernel` package on CPU (imported under that name).
 
-Only the two functions below are called when serving Qwen3-VL on CPU; the
-speculative-decoding names exist so their modules import, and raise if used.
-Any other name raises ImportError (through AttributeError), which SGLang's
-quantization utilities rely on to fall back to native code.
+The two functions below serve Qwen3-VL on CPU; the speculative-decoding ones
+(EAGLE / NEXTN chains) come from `speculative_kernels.py`. Any other name raises
+ImportError (through AttributeError), which SGLang's quantization utilities rely
+on to fall back to native code.
 """
 
 import ctypes
 
 import numpy as np
 import torch
+
+from sglang_evs.runtime.speculative_kernels import (  # noqa: F401  (imported by name from sgl_kernel)
+    assign_draft_cache_locs_contiguous_cpu,
+    assign_extend_cache_locs_cpu,
+    build_tree_kernel_efficient_cpu,
+    fill_accept_out_cache_loc_cpu,
+    fill_bonus_tokens_cpu,
+    verify_tree_greedy_cpu,
+)
 
 
 def assign_req_to_token_pool_cpu(
@@ -47,22 +56,6 @@ def copy_all_layer_kv_cache_cpu(
         table[tgt] = table[src]
 
 
-def _unsupported(name: str):
-    def fail(*args, **kwargs):
-        raise NotImplementedError(f"sgl_kernel.{name} is not available on CPU (sglang-evs stand-in)")
-
-    fail.__name__ = name
-    return fail
-
-
-# Imported by sglang/kernels/ops/speculative/*.py at module level on CPU.
-SPECULATIVE_NAMES = (
-    "assign_draft_cache_locs_contiguous_cpu",
-    "assign_extend_cache_locs_cpu",
-    "build_tree_kernel_efficient_cpu",
-    "fill_accept_out_cache_loc_cpu",
-    "fill_bonus_tokens_cpu",
-    "rotate_input_ids_cpu",
-    "verify_tree_greedy_cpu",
-)
-globals().update({name: _unsupported(name) for name in SPECULATIVE_NAMES})
+def rotate_input_ids_cpu(*args, **kwargs):
+    """Imported by multi-layer EAGLE (sglang/kernels/ops/speculative/multi_layer_eagle.py) on CPU."""
+    raise NotImplementedError("multi-layer EAGLE is not available on sglang-evs' CPU route")

@@ -3,15 +3,31 @@
 SGLang 0.5.23 imports these three from layers/attention/linear/gdn_backend.py,
 kernels/gdn_triton.py and kda_backend.py and passes the argument names used
 here; the two GDN torch ops are in `torch_ops.py`. Speculative target-verify
-(intermediate conv-window snapshots, draft trees) raises NotImplementedError.
-Any other name raises ImportError (through AttributeError).
+runs for chain drafts (`--speculative-eagle-topk 1`); draft trees raise
+NotImplementedError. Any other name raises ImportError (through AttributeError).
 """
 
 import torch
 
 from sglang_evs.runtime import gated_delta_net as gdn
 
-VERIFY_UNSUPPORTED = "speculative target-verify is not supported by sglang-evs' CPU GDN kernels"
+TREES_UNSUPPORTED = (
+    "speculative target-verify over draft trees (--speculative-eagle-topk > 1) is not supported by "
+    "sglang-evs' CPU Gated DeltaNet kernels; use --speculative-eagle-topk 1"
+)
+
+
+def require_chain(next_token: torch.Tensor | None, parent_token: torch.Tensor | None) -> None:
+    """Draft tokens of a chain: each one's next is the one after it (or no tree given at all)."""
+    if parent_token is not None:
+        raise NotImplementedError(TREES_UNSUPPORTED)
+    if next_token is None:
+        return
+    steps = next_token.shape[-1]
+    chain = torch.arange(1, steps + 1)
+    chain[-1] = -1
+    if not bool((next_token.reshape(-1, steps).long() == chain).all()):
+        raise NotImplementedError(TREES_UNSUPPORTED)
 
 
 def causal_conv1d_fn_cpu(
@@ -46,10 +62,14 @@ def causal_conv1d_update_cpu(
     retrieve_parent_token: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode conv. x [B, dim] or [B, dim, L]; conv_states [slots, dim, W-1] rolled in
-    place at conv_state_indices [B]. Returns x's shape."""
-    if intermediate_conv_window is not None:
-        raise NotImplementedError(VERIFY_UNSUPPORTED)
-    return gdn.causal_conv1d_step(x, conv_states, weight, bias, activation, conv_state_indices)
+    place at conv_state_indices [B]. Returns x's shape. Target verify (x [B, dim, L]) also
+    records each draft token's window in intermediate_conv_window [rows, steps, dim, W-1]
+    at intermediate_state_indices [B]."""
+    if intermediate_conv_window is None:
+        return gdn.causal_conv1d_step(x, conv_states, weight, bias, activation, conv_state_indices)
+    require_chain(retrieve_next_token, retrieve_parent_token)
+    windows, rows = intermediate_conv_window, intermediate_state_indices
+    return gdn.causal_conv1d_verify(x, conv_states, weight, bias, activation, conv_state_indices, windows, rows)
 
 
 def chunk_gated_delta_rule_cpu(

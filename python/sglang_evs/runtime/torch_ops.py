@@ -3,7 +3,7 @@
 import torch
 
 from sglang_evs.runtime import gated_delta_net as gdn
-from sglang_evs.runtime.sgl_kernel_mamba import VERIFY_UNSUPPORTED
+from sglang_evs.runtime.sgl_kernel_mamba import require_chain
 
 _libraries: list[torch.library.Library] = []  # keep alive: dropping one unregisters its ops
 
@@ -139,11 +139,33 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
     cache_steps: int | None = None,
     retrieve_parent_token: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Body of torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu (decode).
-    q, k [1, T, H, K]; v [1, T, HV, V]; a, b [T, HV]; the pool initial_state_source
-    [slots, HV, V, K] updated in place at initial_state_indices [N]. Returns [1, T, HV, V]."""
-    if is_kda or disable_state_update or intermediate_states_buffer is not None:
-        raise NotImplementedError(VERIFY_UNSUPPORTED)
+    """Body of torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu (decode, and
+    speculative target-verify of chain drafts). q, k [1, T, H, K]; v [1, T, HV, V]; a, b [T, HV];
+    the pool initial_state_source [slots, HV, V, K] updated in place at initial_state_indices [N]
+    unless disable_state_update; intermediate_states_buffer [rows, steps, HV, V, K] gets the state
+    after each token at intermediate_state_indices [N]. Returns [1, T, HV, V]."""
+    if is_kda:
+        raise NotImplementedError("fused_sigmoid_gating_delta_rule_update_cpu: Kimi delta attention (is_kda)")
+    if disable_state_update or intermediate_states_buffer is not None:
+        require_chain(None, retrieve_parent_token)
+        return gdn.sigmoid_gated_delta_rule_verify(
+            A_log,
+            dt_bias,
+            q,
+            k,
+            v,
+            a,
+            b,
+            initial_state_source,
+            initial_state_indices,
+            cu_seqlens,
+            use_qk_l2norm_in_kernel,
+            softplus_beta,
+            softplus_threshold,
+            write_back=not disable_state_update,
+            step_states=intermediate_states_buffer,
+            step_rows=intermediate_state_indices,
+        )
     return gdn.sigmoid_gated_delta_rule_update(
         A_log,
         dt_bias,

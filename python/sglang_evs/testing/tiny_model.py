@@ -32,6 +32,13 @@ Profiles:
 "vision_config" merged into those sub-configs (nested dicts such as rope_parameters merge too).
 A key that neither the config class nor the profile knows is an error.
 
+MTP head (Qwen3.5 / Qwen3.5-MoE): `"text_config": {"mtp_num_hidden_layers": 1}`, as the released configs
+declare it, adds the multi-token-prediction layer SGLang's NEXTN drafts with (`mtp.*`, which transformers
+loads past). A random draft would almost never be accepted, so the checkpoint is made for drafts that are:
+the target's blocks write at MTP_BLOCK_SCALE of their usual size (the next token then depends mostly on
+the current one, still on the whole context), and the MTP head computes that same function of the token
+it is given.
+
 Deepstack levels (`vision_config.deepstack_visual_indexes`): Qwen3-VL's are built by transformers.
 Qwen3.5's tiny models have none by default, as the released checkpoints; given levels (three: SGLang
 0.5.23's Qwen3.5 language model adds exactly three), the builder adds the mergers SGLang's Qwen3.5
@@ -499,6 +506,7 @@ class Architecture:
     check: Callable[[Any, "Architecture"], None] = lambda config, arch: _check_consistent(config, arch)
     vision_output: Callable[[Any], list] = lambda model: _qwen_merger_outputs(model)  # projections to rescale
     released_layout: Callable[[Path], None] | None = None  # rewrites model.safetensors as released
+    mtp_head: bool = False  # the config may declare an MTP layer (text_config.mtp_num_hidden_layers)
     language_model_gains: Callable[[Any], None] | None = None  # after _make_context_matter's draws
 
 
@@ -532,9 +540,14 @@ ARCHITECTURES: dict[str, Architecture] = {
         {"tiny": _qwen3_5_fields, "small": _qwen3_5_small_fields},
         _qwen3_vl_processor,
         sglang_only_deepstack=True,
+        mtp_head=True,
     ),
     "Qwen3_5MoeForConditionalGeneration": Architecture(
-        "Qwen3_5MoeConfig", {"tiny": _qwen3_5_moe_fields}, _qwen3_vl_processor, sglang_only_deepstack=True
+        "Qwen3_5MoeConfig",
+        {"tiny": _qwen3_5_moe_fields},
+        _qwen3_vl_processor,
+        sglang_only_deepstack=True,
+        mtp_head=True,
     ),
     "Gemma3ForConditionalGeneration": Architecture(
         "Gemma3Config",
@@ -647,7 +660,8 @@ def build_config(
     if not isinstance(text_overrides, Mapping) or not isinstance(vision_overrides, Mapping):
         raise ValueError("text_config and vision_config overrides must be JSON objects")
     _check_known("top-level", overrides, config_cls, top)
-    _check_known("text_config", text_overrides, config_cls.sub_configs["text_config"], text)
+    mtp_keys = dict.fromkeys(MTP_CONFIG_KEYS) if arch.mtp_head else {}
+    _check_known("text_config", text_overrides, config_cls.sub_configs["text_config"], {**text, **mtp_keys})
     _check_known("vision_config", vision_overrides, config_cls.sub_configs["vision_config"], vision)
     text, vision, top = _merge(text, text_overrides), _merge(vision, vision_overrides), _merge(top, overrides)
 
@@ -680,6 +694,20 @@ def _check_consistent(config: Any, arch: Architecture) -> None:
         raise ValueError(f"deepstack_visual_indexes {levels} must be vision layers in [0, {vision.depth})")
     if levels and arch.sglang_only_deepstack and len(set(levels)) != 3:
         raise ValueError(f"SGLang 0.5.23's Qwen3.5 language model adds exactly three deepstack levels, not {levels}")
+    if arch.mtp_head:
+        _check_mtp(config)
+
+
+def _check_mtp(config: Any) -> None:
+    if mtp_layers(config) not in (0, 1):
+        raise ValueError("SGLang 0.5.23's Qwen3.5 MTP draft has exactly one layer: mtp_num_hidden_layers 0 or 1")
+    if getattr(config.text_config, "mtp_use_dedicated_embeddings", False):
+        raise ValueError("SGLang 0.5.23's Qwen3.5 MTP draft shares the target's embeddings")
+
+
+def mtp_layers(config: Any) -> int:
+    """How many MTP layers the config declares (released Qwen3.5 configs: 1)."""
+    return int(getattr(config.text_config, "mtp_num_hidden_layers", 0) or 0)
 
 
 def _check_gemma3(config: Any) -> None:
@@ -718,6 +746,8 @@ def build_tiny_model(
         _add_deepstack_mergers(out / "model.safetensors", config.vision_config, seed)
     if arch.released_layout is not None:
         arch.released_layout(out / "model.safetensors")
+    if mtp_layers(config):
+        _add_agreeing_mtp_head(out / "model.safetensors", config.text_config, seed)
     tokenizer.save_pretrained(out)
     arch.processor(tokenizer, config).save_pretrained(out)
     provenance: dict[str, Any] = {"profile": profile, "seed": seed}
@@ -757,6 +787,49 @@ def _add_deepstack_mergers(weights_file: Path, vision: Any, seed: int) -> None:
             "linear_fc2.bias": torch.zeros(vision.out_hidden_size),
         }
         weights |= {prefix + name: value.to(torch.bfloat16) for name, value in merger.items()}
+    save_file(weights, weights_file, metadata={"format": "pt"})
+
+
+MTP_CONFIG_KEYS = ("mtp_num_hidden_layers", "mtp_use_dedicated_embeddings")  # released text_config keys
+MTP_BLOCK_SCALE = 0.3  # measured: tiny Qwen3.5 NEXTN accepts 1.6-1.8 of 3 verify tokens on average
+BLOCK_OUTPUTS = ("o_proj.weight", "down_proj.weight", "out_proj.weight", "experts.down_proj")
+
+
+def _add_agreeing_mtp_head(weights_file: Path, text: Any, seed: int) -> None:
+    """Write Qwen3.5's MTP layer as released (`mtp.fc` [H, 2H] over [norm(embedding), norm(hidden)],
+    `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.layers.0.*` named as a target
+    full-attention layer, `mtp.norm`; embeddings and head shared with the target), made to agree
+    with the target: both damp their blocks' outputs by MTP_BLOCK_SCALE, `fc` passes the normalised
+    embedding of the token it is given, and `mtp.norm` is the target's final norm. Gemma-style norms
+    scale by (1 + weight), so a zero weight is a plain RMS norm."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(weights_file)
+    dtype = weights["lm_head.weight"].dtype
+    hidden = text.hidden_size
+    last_full = max(i for i, kind in enumerate(text.layer_types) if kind == "full_attention")
+    target_layer = f"model.language_model.layers.{last_full}."
+    generator = torch.Generator().manual_seed(seed + 2)
+    head: dict[str, torch.Tensor] = {}
+    for name, value in weights.items():
+        if name.startswith(target_layer):
+            fresh = torch.zeros(value.shape)
+            if value.dim() >= 2:  # linears and fused experts: [..., out, in]
+                fresh = torch.randn(value.shape, generator=generator) * value.shape[-1] ** -0.5
+            head["mtp.layers.0." + name[len(target_layer) :]] = fresh
+    fc = torch.zeros(hidden, 2 * hidden)
+    fc[:, :hidden] = torch.eye(hidden)
+    head |= {
+        "mtp.fc.weight": fc,
+        "mtp.pre_fc_norm_embedding.weight": torch.zeros(hidden),
+        "mtp.pre_fc_norm_hidden.weight": torch.zeros(hidden),
+        "mtp.norm.weight": weights["model.language_model.norm.weight"].float(),
+    }
+    for name, value in [*weights.items(), *head.items()]:
+        if name.startswith(("model.language_model.layers.", "mtp.layers.")) and name.endswith(BLOCK_OUTPUTS):
+            (weights if name in weights else head)[name] = value.float() * MTP_BLOCK_SCALE
+    weights = {name: value.to(dtype) for name, value in {**weights, **head}.items()}
     save_file(weights, weights_file, metadata={"format": "pt"})
 
 
