@@ -161,7 +161,8 @@ def refuse_pruning_before_encoder_dispatch(tokenizer_manager, request, *args, **
     processor (`settings.conflicting_setup`). The server default cannot prune here: refused at startup."""
     from sglang_evs.pruning.settings import NO_PRUNING, conflicting_setup, pruning_from, refuse_unsupported
 
-    conflict = conflicting_setup(tokenizer_manager.server_args)
+    model_config = getattr(tokenizer_manager, "model_config", None)
+    conflict = conflicting_setup(tokenizer_manager.server_args, getattr(model_config, "hf_config", None))
     given = request.mm_processor_kwargs  # a batch request may give one dict per sub-request
     for mm_processor_kwargs in given if isinstance(given, list) else [given]:
         refuse_unsupported(pruning_from(mm_processor_kwargs or {}, NO_PRUNING), conflict)

@@ -1,6 +1,7 @@
 """Which pruning applies to a request, and what is refused: pruning with speculative decoding
 (Qwen3.5's MTP among them) or with encoder disaggregation, whether the server or the request asks for it."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -36,22 +37,54 @@ def request(**kwargs) -> SimpleNamespace:
         ),
     ],
 )
-def test_server_pruning_with_speculative_decoding_is_refused_naming_the_setting(settings, named):
+def test_server_pruning_with_a_conflicting_setup_is_refused_naming_the_setting(settings, named):
     pruning = server_pruning(config(**settings))
-    with pytest.raises(ValueError, match=f"{named}.*speculative decoding"):
-        refuse_unsupported(pruning, "speculative decoding")
-    refuse_unsupported(pruning, None)  # without speculative decoding it serves
+    with pytest.raises(ValueError, match=f"{named}.*{re.escape(SEPARATE_DRAFT)}"):
+        refuse_unsupported(pruning, SEPARATE_DRAFT)
+    refuse_unsupported(pruning, None)  # without the conflict it serves
 
 
-def test_a_request_that_asks_for_pruning_is_refused_under_speculative_decoding():
+def test_a_request_that_asks_for_pruning_is_refused_under_a_conflicting_setup():
     server = server_pruning(config())
     assert server == NO_PRUNING
-    refuse_unsupported(server, "speculative decoding")  # q = 0: nothing pruned, MTP serves as upstream
+    refuse_unsupported(server, SEPARATE_DRAFT)  # q = 0: nothing pruned, the draft serves as upstream
     asked = request_pruning(request(video_pruning_rate=0.75), server)
     assert asked.rate == 0.75
     with pytest.raises(ValueError, match="video_pruning_rate=0.75"):
-        refuse_unsupported(asked, "speculative decoding")
-    refuse_unsupported(request_pruning(request(video_pruning_rate=0.0), server), "speculative decoding")
+        refuse_unsupported(asked, SEPARATE_DRAFT)
+    refuse_unsupported(request_pruning(request(video_pruning_rate=0.0), server), SEPARATE_DRAFT)
+
+
+SEPARATE_DRAFT = "speculative decoding other than NEXTN with the model's MTP head (--speculative-algorithm EAGLE3)"
+WITH_MTP = SimpleNamespace(text_config=SimpleNamespace(mtp_num_hidden_layers=1))
+WITHOUT_MTP = SimpleNamespace(text_config=SimpleNamespace())
+
+
+@pytest.mark.parametrize(
+    "server_args, hf_config, conflict",
+    [
+        ({"speculative_algorithm": "EAGLE", "model_path": "m"}, WITH_MTP, None),  # NEXTN, as SGLang resolves it
+        ({"speculative_algorithm": "NEXTN", "speculative_draft_model_path": "m", "model_path": "m"}, WITH_MTP, None),
+        ({"speculative_algorithm": "EAGLE3", "model_path": "m"}, WITH_MTP, SEPARATE_DRAFT),
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "draft", "model_path": "m"},
+            WITH_MTP,
+            "speculative decoding other than NEXTN with the model's MTP head (--speculative-algorithm EAGLE)",
+        ),
+        (
+            {"speculative_algorithm": "NEXTN", "model_path": "m"},
+            WITHOUT_MTP,
+            "speculative decoding other than NEXTN with the model's MTP head (--speculative-algorithm NEXTN)",
+        ),
+        (
+            {"speculative_algorithm": "EAGLE", "pp_size": 2},
+            WITH_MTP,
+            "speculative decoding under pipeline parallelism (--pp-size 2)",
+        ),
+    ],
+)
+def test_speculation_prunes_only_with_the_models_own_mtp_head(server_args, hf_config, conflict):
+    assert conflicting_setup(SimpleNamespace(**server_args), hf_config) == conflict
 
 
 @pytest.mark.parametrize(
@@ -59,7 +92,6 @@ def test_a_request_that_asks_for_pruning_is_refused_under_speculative_decoding()
     [
         ({}, None),
         ({"speculative_algorithm": None, "encoder_only": False, "language_only": False}, None),
-        ({"speculative_algorithm": "NEXTN"}, "speculative decoding"),
         ({"encoder_only": True}, "encoder disaggregation (--encoder-only)"),
         ({"language_only": True}, "encoder disaggregation (--language-only)"),
         ({"disaggregation_mode": "null"}, None),

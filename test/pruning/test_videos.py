@@ -122,10 +122,13 @@ def test_a_forgotten_keep_mask_is_computed_again_by_encoding_the_video_again():
     videos.features([item])
     first_mask = videos.masks[item.hash].clone()
     kept = int(region_keep(region_ids, video_token, first_mask).sum())
-    layout = BatchLayout(SimpleNamespace(), torch.zeros(3 + kept, dtype=torch.int64),
-                         [(SimpleNamespace(mm_items=[item]), 0, 3 + kept)])  # fmt: skip
+    request = SimpleNamespace(mm_items=[item], mrope_positions=torch.full((3, 3 + kept), -1, dtype=torch.int64))
+    layout = BatchLayout(SimpleNamespace(), torch.zeros(3 + kept, dtype=torch.int64), [(request, 0, 3 + kept)])
     remembered = torch.zeros(3, 3 + kept, dtype=torch.int64)
     videos.write_positions(layout, remembered)
+    # the request's own positions (the speculative draft's source) now hold the region's exact ones
+    assert torch.equal(request.mrope_positions[:, 3:], remembered[:, 3:])
+    assert (request.mrope_positions[:, :3] == -1).all()  # outside the region: left as laid out
 
     videos.masks.clear()  # forgotten
     again = torch.zeros(3, 3 + kept, dtype=torch.int64)

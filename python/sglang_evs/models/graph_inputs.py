@@ -140,6 +140,18 @@ def refuse_deepstack_beyond_first_stage(language_model, deepstack_levels: int) -
         )
 
 
+def trace_rope_positions(model: str, positions, forward_batch) -> None:
+    """The rotary positions a language model (`model`: "target" or "draft") was handed, token by token."""
+    trace.record(
+        "rope_positions",
+        model=model,
+        mode=forward_batch.forward_mode.name,
+        input_ids=forward_batch.input_ids.tolist(),
+        positions=positions.tolist(),
+        seq_lens=forward_batch.seq_lens.tolist(),
+    )
+
+
 class ReadsGraphInputs:
     """Language-model mixin: in extend forwards, positions and deepstack come from what the batch
     carries, or from the model's `GraphInputs` when it carries nothing (a graph's capture batch).
@@ -171,6 +183,7 @@ class ReadsGraphInputs:
                 positions_ptr=positions.data_ptr(),
                 rows=int(positions.shape[-1]),
             )
+            trace_rope_positions("target", positions, forward_batch)
         extra = () if deepstack is None else (deepstack,)
         out = super().forward(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors, *extra)
         pp_group = getattr(self, "pp_group", None)

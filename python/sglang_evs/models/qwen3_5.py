@@ -5,11 +5,14 @@ hybrid language model (Gated DeltaNet and full-attention layers) that takes deep
 last argument of its forward. Released Qwen3.5 towers have no deepstack levels, so the
 fixed buffer holds none (width 0) although upstream still advertises `use_deepstack`.
 Everything else is `models/adapter.py`.
+
+Served with its MTP head (`--speculative-algorithm NEXTN`), the draft is `Qwen3_5MTP` below.
 """
 
 from sglang_evs import sglang_compat as sglang
+from sglang_evs import trace
 from sglang_evs.models.adapter import AdaptedModel
-from sglang_evs.models.graph_inputs import ReadsGraphInputs
+from sglang_evs.models.graph_inputs import ReadsGraphInputs, trace_rope_positions
 
 
 class Qwen3_5LLMModel(ReadsGraphInputs, sglang.UpstreamQwen3_5LLMModel):
@@ -28,4 +31,26 @@ class Qwen3_5MoeForConditionalGeneration(AdaptedModel, sglang.UpstreamQwen3_5Moe
     language_model_cls = Qwen3_5MoeLLMModel
 
 
-EntryClass = [Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration]
+class Qwen3_5MTP(sglang.UpstreamQwen3_5MTP):
+    """The NEXTN draft (one MTP layer, dense or MoE), given the target's M-RoPE positions.
+
+    Upstream hands the draft the 1-D positions (the token's index in the sequence) where the target
+    reads M-RoPE ones: the same numbers for text, other ones for every media token and every token
+    after one, and after a pruned video not even the index the token would have had. Here the draft
+    reads `forward_batch.mrope_positions`, which SGLang builds for it as for the target: from the
+    request's positions (made exact once the keep-mask is known, `PrunedVideos.write_positions`)
+    over the prompt, and from the request's `mrope_position_delta` (which counts the pruned tokens)
+    while decoding. Rows pair token t's hidden state and position with token t+1's embedding, as
+    upstream's. Greedy tokens and logprobs are the target's either way; the draft's positions decide
+    only how many drafts are accepted.
+    """
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
+        if forward_batch.mrope_positions is not None:
+            positions = forward_batch.mrope_positions
+        if trace.enabled():
+            trace_rope_positions("draft", positions, forward_batch)
+        return super().forward(input_ids, positions, forward_batch, input_embeds, **kwargs)
+
+
+EntryClass = [Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration, Qwen3_5MTP]

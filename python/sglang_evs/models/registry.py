@@ -36,8 +36,18 @@ MODELS: dict[str, Entry] = {
 }
 
 
+# Speculative drafts that must see what the target sees (SGLang names the draft's architecture itself).
+DRAFT_MODELS: dict[str, Entry] = {
+    "Qwen3_5ForCausalLMMTP": Entry("qwen3_5:Qwen3_5MTP", "UpstreamQwen3_5MTP"),
+}
+
+
 def model_class(architecture: str) -> Any | None:
-    entry = MODELS.get(architecture)
+    """Our class for a target architecture (`MODELS`); None for one we leave to SGLang."""
+    return _load(MODELS.get(architecture))
+
+
+def _load(entry: Entry | None) -> Any | None:
     if entry is None:
         return None
     module_name, _, class_name = entry.ours.partition(":")
@@ -61,5 +71,5 @@ def upstream_classes() -> list[Any]:
 def resolve_model_cls_around(original, registry, architectures):
     """AROUND hook on SGLang's `_ModelRegistry.resolve_model_cls`."""
     first = architectures if isinstance(architectures, str) else (architectures or [None])[0]
-    cls = model_class(first) if first else None
+    cls = _load(MODELS.get(first) or DRAFT_MODELS.get(first)) if first else None
     return (cls, first) if cls is not None else original(registry, architectures)

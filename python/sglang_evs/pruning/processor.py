@@ -39,7 +39,7 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
     def __init__(self, hf_config, server_args, _processor, *args, **kwargs) -> None:
         super().__init__(hf_config, server_args, _processor, *args, **kwargs)
         self.pruning = server_pruning(hf_config)
-        self.conflict = conflicting_setup(server_args)
+        self.conflict = conflicting_setup(server_args, hf_config)
         refuse_unsupported(self.pruning, self.conflict)
         logging.getLogger("sglang_evs").info(
             "sglang-evs: %s processor with video pruning, default video_pruning_method=%s video_pruning_rate=%s",

@@ -74,22 +74,39 @@ def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs
     return {**carried, **own} if carried.keys() - own.keys() else mm_processor_kwargs
 
 
-def conflicting_setup(server_args) -> str | None:
+def conflicting_setup(server_args, hf_config=None) -> str | None:
     """What of a server's setup video pruning cannot run with, named for the error; None: nothing.
 
-    - speculative decoding: its draft and verify steps know nothing of pruned positions;
+    - speculative decoding, except NEXTN with the checkpoint's own MTP head (Qwen3.5 / 3.6): that
+      draft is given the target's exact positions (`models/qwen3_5.py`); any other draft reads positions
+      of its own, and pipeline stages after the first would not learn the pruned positions in time;
     - encoder disaggregation: a `--language-only` server takes its media embeddings from an
       `--encoder-only` one, unpruned, and lays the prompt out from the grid alone, so neither the
       pruned layout nor the keep-mask would be built (a request's rate would be silently ignored);
     - prefill/decode disaggregation: never run with pruning (SGLang's KV transfer engines need RDMA or a
       GPU; its prefill server refuses the test backend), so not proven exact.
     """
-    if getattr(server_args, "speculative_algorithm", None) is not None:
-        return "speculative decoding"
+    algorithm = getattr(server_args, "speculative_algorithm", None)
+    if algorithm is not None and not drafts_with_own_mtp_head(server_args, hf_config):
+        return f"speculative decoding other than NEXTN with the model's MTP head (--speculative-algorithm {algorithm})"
+    if algorithm is not None and getattr(server_args, "pp_size", 1) > 1:
+        return f"speculative decoding under pipeline parallelism (--pp-size {server_args.pp_size})"
     mode = getattr(server_args, "disaggregation_mode", "null")
     if mode in ("prefill", "decode"):
         return f"prefill/decode disaggregation (--disaggregation-mode {mode})"
     return next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
+
+
+def drafts_with_own_mtp_head(server_args, hf_config) -> bool:
+    """NEXTN (SGLang's EAGLE worker drafting with the checkpoint's MTP layer, which the config declares as
+    released Qwen3.5 configs do) and no separate draft checkpoint."""
+    text_config = getattr(hf_config, "text_config", hf_config)
+    draft = getattr(server_args, "speculative_draft_model_path", None)
+    return (
+        getattr(server_args, "speculative_algorithm", None) in ("EAGLE", "NEXTN")
+        and draft in (None, getattr(server_args, "model_path", None))
+        and int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0
+    )
 
 
 # ServerArgs attribute (also set on an encoder server's model config) -> the role, as errors name it

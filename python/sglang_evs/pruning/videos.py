@@ -117,7 +117,10 @@ class PrunedVideos:
     def write_positions(self, layout: BatchLayout, positions: torch.Tensor) -> None:
         """Positions [3, num_tokens] of this forward: the pruned videos' rows rewritten in place.
 
-        Region positions = the unpruned region's positions with the pruned pads' rows deleted.
+        Region positions = the unpruned region's positions with the pruned pads' rows deleted. The
+        request's own positions (`mrope_positions` [3, prompt], laid out before the keep-mask was
+        known) become exact too, so a forward SGLang builds from them later sees the same: the
+        speculative draft's extend over this prompt.
         """
         token_base = 0
         for mm_inputs, prefix, extend in layout.requests:
@@ -130,7 +133,10 @@ class PrunedVideos:
                     continue
                 region_ids = item.model_specific_data[REGION_IDS]
                 keep = region_keep(region_ids, self.video_token_id, self.keep_mask(item))
-                exact = item.model_specific_data[REGION_POSITIONS][:, keep][:, lo - start : hi - start]
+                region = item.model_specific_data[REGION_POSITIONS][:, keep]
+                own = mm_inputs.mrope_positions
+                own[:, start:end] = region.to(own.device, own.dtype)
+                exact = region[:, lo - start : hi - start]
                 window = slice(token_base + lo - prefix, token_base + hi - prefix)
                 positions[:, window] = exact.to(positions.device, positions.dtype)
                 if trace.enabled():

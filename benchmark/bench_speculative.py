@@ -1,0 +1,141 @@
+"""MTP speculation and video pruning, alone and together: TTFT and time per output token, side by side.
+
+    python benchmark/bench_speculative.py [--model-path M] [--rate 0.75] [--rounds 12] [--tokens 32]
+        [--device cuda] [--output result.json]
+
+Two servers on the same checkpoint run at once: one speculating with its MTP head
+(`--speculative-algorithm NEXTN`, chain of 2 steps, 3 verify tokens), one not. Each round sends the same
+video request four ways, in an order that rotates from round to round:
+
+    neither        no speculation, q = 0
+    pruning        no speculation, q = rate (EVS, the request's own rate)
+    MTP            speculating,    q = 0
+    MTP + pruning  speculating,    q = rate
+
+streamed /generate, `max_new_tokens` fixed (`ignore_eos`), radix cache off (every request prefills its
+whole prompt). TTFT: until the first streamed chunk. Time per output token: the rest of the stream over
+the tokens after the first. It reports each configuration's medians and, per round, each one's ratio to
+`neither`: geometric mean and 95 % interval.
+
+Without --model-path it serves the tiny Qwen3.5 with an MTP head built offline (CPU route; the head agrees
+with the target, so drafts are accepted). With --model-path a released Qwen3.5 / 3.6 and --device cuda,
+unchanged otherwise.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import requests
+
+from sglang_evs.bench.ratios import round_ratio
+
+NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "3"]  # fmt: skip
+CONFIGS = {  # name -> (speculating server?, rate)
+    "neither": (False, 0.0),
+    "pruning": (False, None),
+    "MTP": (True, 0.0),
+    "MTP + pruning": (True, None),
+}
+
+
+def timed(base_url: str, body: dict) -> dict:
+    """One streamed /generate request -> TTFT, time per output token after the first (ms), tokens."""
+    start = time.perf_counter()
+    first, meta = None, {}
+    with requests.post(f"{base_url}/generate", json={**body, "stream": True}, stream=True, timeout=600) as reply:
+        reply.raise_for_status()
+        for raw in reply.iter_lines():
+            if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
+                continue
+            if first is None:
+                first = time.perf_counter()
+            meta = json.loads(raw[len(b"data: ") :]).get("meta_info", meta)
+    end = time.perf_counter()
+    tokens = int(meta["completion_tokens"])
+    return {"ttft_ms": (first - start) * 1000, "tpot_ms": (end - first) * 1000 / max(tokens - 1, 1),
+            "tokens": tokens, "prompt_tokens": int(meta["prompt_tokens"]),
+            "accept_length": meta.get("spec_accept_length")}  # fmt: skip
+
+
+def body(clip: Path, rate: float, tokens: int) -> dict:
+    from sglang_evs.testing.requests import VIDEO, chat_prompt, per_request_rate
+
+    return {"text": chat_prompt(VIDEO), "video_data": [str(clip)], **per_request_rate(rate),
+            "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", default=None)
+    parser.add_argument("--rate", type=float, default=0.75)
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/speculative"))
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    from sglang_evs.bench.launch import serving
+    from sglang_evs.testing import media, tiny_model
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model = args.model_path
+    if model is None:
+        overrides = {"text_config": {"mtp_num_hidden_layers": 1}}
+        model = args.workdir / "tiny-qwen3.5-mtp"
+        if not model.exists():
+            tiny_model.build_tiny_model(model, "Qwen3_5ForConditionalGeneration", config_overrides=overrides)
+    clip = media.write_clip(args.workdir / "clip.mp4", "moving", num_frames=32, fps=4, seed=5)
+    common = ["--disable-radix-cache", *([] if args.device == "cpu" else ["--device", args.device])]
+    env = {"SGLANG_MAMBA_CONV_DTYPE": "float32"} if args.device == "cpu" else None
+
+    samples: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    with (
+        serving(model, args.workdir / "speculating.log", [*common, *NEXTN], env) as speculating,
+        serving(model, args.workdir / "plain.log", common, env) as plain,
+    ):
+        servers = {True: speculating.base_url, False: plain.base_url}
+        names = list(CONFIGS)
+        for name in names:  # warm-up, not measured
+            spec, rate = CONFIGS[name]
+            timed(servers[spec], body(clip, args.rate if rate is None else rate, args.tokens))
+        for i in range(args.rounds):
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                spec, rate = CONFIGS[name]
+                samples[name].append(timed(servers[spec], body(clip, args.rate if rate is None else rate, args.tokens)))
+
+    result: dict = {"model": str(model), "rate": args.rate, "rounds": args.rounds, "tokens": args.tokens,
+                    "configs": {}}  # fmt: skip
+    for name, runs in samples.items():
+        accepted = [r["accept_length"] for r in runs if r["accept_length"] is not None]
+        result["configs"][name] = {
+            "median_ttft_ms": statistics.median(r["ttft_ms"] for r in runs),
+            "median_tpot_ms": statistics.median(r["tpot_ms"] for r in runs),
+            "prompt_tokens": runs[0]["prompt_tokens"],
+            "mean_accept_length": statistics.fmean(accepted) if accepted else None,
+            "ttft_vs_neither": round_ratio([r["ttft_ms"] for r in samples["neither"]], [r["ttft_ms"] for r in runs]),
+            "tpot_vs_neither": round_ratio([r["tpot_ms"] for r in samples["neither"]], [r["tpot_ms"] for r in runs]),
+        }
+    print(f"{args.rounds} rounds, {args.tokens} output tokens, q = {args.rate}, {model}")
+    print(f"{'':15s} {'prompt':>6s} {'accept':>6s} {'TTFT ms':>8s} {'vs neither (95 %)':>22s} "
+          f"{'TPOT ms':>8s} {'vs neither (95 %)':>22s}")  # fmt: skip
+    for name, row in result["configs"].items():
+        accept = "-" if row["mean_accept_length"] is None else f"{row['mean_accept_length']:.2f}"
+        cells = []
+        for key in ("ttft", "tpot"):
+            ratio = row[f"{key}_vs_neither"]
+            low, high = ratio["low"], ratio["high"]
+            interval = "" if low is None else f" ({low:.2f}-{high:.2f})"
+            cells.append(f"{row[f'median_{key}_ms']:8.1f} {ratio['geometric_mean']:>9.2f}x{interval:>12s}")
+        print(f"{name:15s} {row['prompt_tokens']:6d} {accept:>6s} {cells[0]} {cells[1]}")
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

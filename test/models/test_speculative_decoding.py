@@ -1,0 +1,273 @@
+"""Qwen3.5 served with its MTP head (`--speculative-algorithm NEXTN`, chain drafts) and video pruning.
+
+On the CPU route, float32, with 29-token chunks (they cut inside every video and on framing tokens):
+- a speculating plugin server against a plugin server without speculation: greedy tokens equal and
+  logprobs within SPECULATION_TOLERANCE, at q = 0, .5 and .75 (EVS) and under VidCom2, for text,
+  image, video, image+video and two videos; a radix repeat; 8 concurrent requests at mixed rates;
+- against upstream SGLang speculating with the same flags: at q = 0, bit-identical;
+- the rotary positions every target and draft forward of a pruned request was handed (the trace),
+  against the rule computed here from transformers' `get_rope_index` and the served keep-mask;
+- Qwen3.5-MoE, speculating against not, on a pruned video.
+The checkpoints' MTP heads are made for drafts that are accepted (`testing/tiny_model.py`), so the
+draft really drafts: a head that failed to load would accept none.
+"""
+
+import asyncio
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_evs import trace
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import (
+    IMAGE,
+    VIDEO,
+    Generation,
+    chat_prompt,
+    generate,
+    media_kwargs,
+    per_request_rate,
+)
+from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.workload import send_alone, send_together
+
+pytestmark = pytest.mark.slow  # five servers
+
+NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2",
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3")  # fmt: skip
+CHUNK = 29
+# Gated DeltaNet conv states in float32 (SGLang's default rounds them to bfloat16 between steps, which
+# a verify over three draft tokens does not: ~1e-3 apart in logprobs).
+HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
+# Speculating vs not, both float32: the target computes the same tokens in verify batches of three
+# instead of one at a time (other matmul shapes, summation orders). Measured here: up to 1.7e-6.
+SPECULATION_TOLERANCE = 1e-4
+MAX_NEW_TOKENS = 10
+EVS_RATES = (0.5, 0.75)
+
+
+def cases(media_dir: Path, clips: dict[str, Path]) -> dict[str, tuple[str, dict]]:
+    return {
+        "text": (chat_prompt(text="Tell me a long story about a cat."), {}),
+        "image": (chat_prompt(IMAGE), media_kwargs(images=[media_dir / "image.png"])),
+        "video": (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
+        "image_video": (
+            chat_prompt(IMAGE, VIDEO),
+            media_kwargs(images=[media_dir / "image2.png"], videos=[clips["noise"]]),
+        ),
+        "two_videos": (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[clips["static"], clips["moving"]])),
+    }
+
+
+VIDEO_CASES = ("video", "image_video", "two_videos")
+SETTINGS = {  # name -> the request's pruning fields
+    "q=0": {},
+    **{f"evs q={q}": per_request_rate(q) for q in EVS_RATES},
+    "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2"),
+}
+
+
+@dataclass
+class Served:
+    speculating: dict[tuple[str, str], Generation] = field(default_factory=dict)  # (case, setting)
+    plain: dict[tuple[str, str], Generation] = field(default_factory=dict)
+    upstream: dict[str, Generation] = field(default_factory=dict)  # q = 0, upstream speculating
+    radix_repeat: Generation | None = None  # video at .75 again
+    mixed_alone: list[Generation] = field(default_factory=list)
+    mixed_together: list[Generation] = field(default_factory=list)
+    mixed_prefill: tuple[int, int, int] = (0, 0, 0)
+    traced: Generation | None = None  # an unseen clip at .5
+    traced_events: list[dict] = field(default_factory=list)  # its rope_positions events
+    traced_kept: list[int] = field(default_factory=list)  # its keep-mask (kept pad indices)
+    traced_clip: Path | None = None
+    moe: dict[str, Generation] = field(default_factory=dict)  # "speculating" / "plain"
+
+
+def mixed(all_cases: dict[str, tuple[str, dict]]) -> list[tuple[str, dict, float]]:
+    """8 requests, text and image among videos at three rates."""
+    rates = {"text": 0.0, "image": 0.75, "video": 0.75, "image_video": 0.5, "two_videos": 0.0}
+    first = [(prompt, kw, rates[name]) for name, (prompt, kw) in all_cases.items()]
+    more = [(all_cases[name][0], all_cases[name][1], q) for name, q in
+            (("video", 0.5), ("two_videos", 0.75), ("image_video", 0.0))]  # fmt: skip
+    return first + more
+
+
+def ask(base_url: str, case: tuple[str, dict], setting: dict) -> Generation:
+    prompt, kw = case
+    return generate(base_url, prompt, max_new_tokens=MAX_NEW_TOKENS, **kw, **setting)[0]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("speculation_clips")
+    kinds = media.CLIP_KINDS
+    return {kind: media.write_clip(out / f"{kind}.mp4", kind, num_frames=16, fps=4, seed=9) for kind in kinds}
+
+
+@pytest.fixture(scope="module")
+def served(media_dir, clips, tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, tmp_path_factory) -> Served:
+    out = tmp_path_factory.mktemp("speculation")
+    trace_path = out / "trace.jsonl"
+    args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
+    launches = (
+        Launch(tiny_qwen3_5_mtp_dir, out / "speculating.log", [*args, *NEXTN],
+               {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(trace_path)}),
+        Launch(tiny_qwen3_5_mtp_dir, out / "plain.log", args, HYBRID_ENV),
+        Launch(tiny_qwen3_5_mtp_dir, out / "upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
+        Launch(tiny_qwen3_5_moe_mtp_dir, out / "moe-speculating.log", [*args, *NEXTN], HYBRID_ENV),
+        Launch(tiny_qwen3_5_moe_mtp_dir, out / "moe-plain.log", args, HYBRID_ENV),
+    )  # fmt: skip
+    served = Served()
+    all_cases = cases(media_dir, clips)
+    with running_servers(*launches) as (speculating, plain, upstream, moe_speculating, moe_plain):
+        for name, case in all_cases.items():
+            served.upstream[name] = ask(upstream.base_url, case, {})
+            for setting_name, setting in SETTINGS.items():
+                if setting_name != "q=0" and name not in VIDEO_CASES:
+                    continue
+                served.speculating[name, setting_name] = ask(speculating.base_url, case, setting)
+                if (name, setting_name) == ("video", "evs q=0.75"):  # at once: the hybrid cache keeps few states
+                    served.radix_repeat = ask(speculating.base_url, case, setting)
+                served.plain[name, setting_name] = ask(plain.base_url, case, setting)
+
+        served.mixed_alone = send_alone(plain.base_url, mixed(all_cases))
+        served.mixed_together, served.mixed_prefill = send_together(speculating.base_url, mixed(all_cases), trace_path)
+
+        served.traced_clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=41)
+        events_before = len(trace.read(trace_path, "rope_positions"))
+        # at .5 the kept tokens spill past the first group: their layout before the mask (the canonical
+        # split, `methods/canonical.py`) is not the mask's, so the request's positions must be corrected
+        served.traced = ask(speculating.base_url, (chat_prompt(VIDEO), media_kwargs(videos=[served.traced_clip])),
+                            per_request_rate(0.5))  # fmt: skip
+        served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
+        served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
+
+        moe_case = (chat_prompt(VIDEO), media_kwargs(videos=[clips["noise"]]))
+        served.moe["speculating"] = ask(moe_speculating.base_url, moe_case, per_request_rate(0.75))
+        served.moe["plain"] = ask(moe_plain.base_url, moe_case, per_request_rate(0.75))
+    return served
+
+
+def assert_same(got: Generation, want: Generation, context: str) -> None:
+    assert got.output_ids == want.output_ids, context
+    assert got.prompt_tokens == want.prompt_tokens, context
+    gap = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True))
+    assert gap <= SPECULATION_TOLERANCE, f"{context}: logprobs {gap:.2e} apart"
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_speculation_gives_the_tokens_of_no_speculation(served, setting):
+    compared = [key for key in served.speculating if key[1] == setting]
+    assert len(compared) == (5 if setting == "q=0" else 3)
+    for key in compared:
+        assert_same(served.speculating[key], served.plain[key], f"{key}")
+    if setting != "q=0":  # pruning happened, as asked
+        for key in compared:
+            assert served.speculating[key].prompt_tokens < served.plain[key[0], "q=0"].prompt_tokens, key
+
+
+def test_at_q0_the_plugin_speculates_bit_identically_to_upstream(served):
+    for name, want in served.upstream.items():
+        got = served.speculating[name, "q=0"]
+        assert got.output_ids == want.output_ids and got.logprobs == want.logprobs, name
+        assert got.top_logprobs == want.top_logprobs, name
+
+
+def test_drafts_are_accepted_and_reported_as_upstream_reports_them(served):
+    upstream_keys = {key for key in served.upstream["text"].meta if key.startswith("spec_")}
+    assert {"spec_accept_length", "spec_verify_ct"} <= upstream_keys
+    for setting in ("q=0", "evs q=0.75"):
+        for name in VIDEO_CASES:
+            meta = served.speculating[name, setting].meta
+            assert upstream_keys <= meta.keys(), (name, setting)
+            assert meta["spec_verify_ct"] < MAX_NEW_TOKENS  # some verify accepted a draft
+            assert meta["spec_accept_length"] > 1.0, (name, setting)
+    assert "spec_accept_length" not in served.plain["video", "q=0"].meta
+
+
+def test_a_radix_repeat_of_a_pruned_video_gives_the_same_tokens(served):
+    first = served.speculating["video", "evs q=0.75"]
+    assert served.radix_repeat.cached_tokens > 0
+    assert_same(served.radix_repeat, first, "radix repeat")
+
+
+def test_eight_concurrent_mixed_requests_equal_each_served_alone_without_speculation(served):
+    batched, cached, prompt = served.mixed_prefill
+    assert batched > 0, "no prefill forward held two requests' media"
+    assert cached < prompt // 4
+    for i, (got, want) in enumerate(zip(served.mixed_together, served.mixed_alone, strict=True)):
+        assert_same(got, want, f"mixed request {i}")
+
+
+def test_moe_speculation_gives_the_tokens_of_no_speculation(served):
+    assert_same(served.moe["speculating"], served.moe["plain"], "Qwen3.5-MoE, video at .75")
+    assert served.moe["speculating"].meta["spec_accept_length"] > 1.0
+
+
+# --- the positions every forward was handed, against the rule -------------------------------------
+
+
+@cache
+def rule_positions(model_dir: str, clip: str, kept: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+    """The video prompt's kept tokens at the positions transformers' `get_rope_index` gives them in the
+    unpruned sequence ([3, kept tokens]), and the offset of every later token (its position minus its
+    index in the pruned sequence: the unpruned delta plus the pruned count)."""
+    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
+    from sglang.srt.utils.common import load_video
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    processor = AutoProcessor.from_pretrained(model_dir)
+    frames, metadata = asyncio.run(preprocess_video(load_video(clip, use_gpu=False)))
+    inputs = processor(text=[chat_prompt(VIDEO)], videos=[frames], video_metadata=[metadata],
+                       do_sample_frames=False, return_tensors="pt")  # fmt: skip
+    ids = inputs["input_ids"][0]
+    positions, delta = model.model.get_rope_index(
+        ids[None], inputs["mm_token_type_ids"], video_grid_thw=inputs["video_grid_thw"]
+    )
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    pads = (ids == model.config.video_token_id).nonzero().flatten()
+    keep[pads] = False
+    keep[pads[list(kept)]] = True
+    return positions[:, 0, keep], int(delta) + int((~keep).sum())
+
+
+def expected_positions(event: dict, rule: torch.Tensor, offset: int) -> torch.Tensor:
+    """[3, rows] the rule gives the rows of one forward of the traced request (its only sequence):
+    prompt rows at their index; afterwards `index + offset` on all three axes. Rows pair with
+    the positions upstream pairs them with: a draft row holds token t's hidden state and position
+    with token t+1's embedding; a draft decode step the position of the last token it saw."""
+    rows, (seq_len,) = len(event["input_ids"]), event["seq_lens"]
+    first = {  # the sequence index of the forward's first row
+        "EXTEND": seq_len - rows,
+        "TARGET_VERIFY": seq_len,
+        "DRAFT_EXTEND_V2": seq_len - rows,
+        "DECODE": seq_len,
+    }[event["mode"]]
+    index = torch.arange(first, first + rows)
+    prompt = index < rule.shape[1]
+    out = (index + offset).expand(3, rows).clone()
+    out[:, prompt] = rule[:, index[prompt]]
+    return out
+
+
+def test_every_draft_and_target_forward_of_a_pruned_request_uses_the_rules_positions(served, tiny_qwen3_5_mtp_dir):
+    rule, offset = rule_positions(str(tiny_qwen3_5_mtp_dir), str(served.traced_clip), tuple(served.traced_kept))
+    assert served.traced.prompt_tokens == rule.shape[1]
+    assert served.traced.meta["video_tokens_after_pruning"] < served.traced.meta["video_tokens_before_pruning"]
+    assert offset == int(rule.max()) + 1 - rule.shape[1]  # decode continues after the unpruned prompt
+    seen = {(event["model"], event["mode"]) for event in served.traced_events}
+    assert {("target", "EXTEND"), ("draft", "EXTEND"), ("target", "TARGET_VERIFY"), ("draft", "DECODE"),
+            ("draft", "DRAFT_EXTEND_V2")} <= seen  # fmt: skip
+    prompt_rows = {"target": 0, "draft": 0}
+    for event in served.traced_events:
+        got = torch.tensor(event["positions"])
+        want = expected_positions(event, rule, offset)
+        assert torch.equal(got, want), f"{event['model']} {event['mode']} at seq_len {event['seq_lens']}"
+        if event["mode"] == "EXTEND":
+            prompt_rows[event["model"]] += got.shape[1]
+    # every prompt row went through both, chunk by chunk (less what the radix cache held)
+    assert prompt_rows["target"] == prompt_rows["draft"] == rule.shape[1] - served.traced.cached_tokens
