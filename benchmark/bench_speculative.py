@@ -17,9 +17,9 @@ whole prompt). TTFT: until the first streamed chunk. Time per output token: the 
 the tokens after the first. It reports each configuration's medians and, per round, each one's ratio to
 `neither`: geometric mean and 95 % interval.
 
-Without --model-path it serves the tiny Qwen3.5 with an MTP head built offline (CPU route; the head agrees
-with the target, so drafts are accepted). With --model-path a released Qwen3.5 / 3.6 and --device cuda,
-unchanged otherwise.
+Without --model-path it serves the tiny Qwen3.5 with an MTP head built offline (the head agrees with the
+target, so drafts are accepted). On a GPU (found by itself) give --model-path a released Qwen3.5 / 3.6;
+nothing else changes.
 """
 
 import argparse
@@ -74,13 +74,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rate", type=float, default=0.75)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default=None, help="cuda where a GPU is visible, else cpu")
     parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/speculative"))
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
 
+    import torch
+
     from sglang_evs.bench.launch import serving
     from sglang_evs.testing import media, tiny_model
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     model = args.model_path

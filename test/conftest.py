@@ -79,6 +79,13 @@ def tiny_qwen3_5_moe_dir() -> Path:
     return build_cached_model("tiny", "Qwen3_5MoeForConditionalGeneration")
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_six_layers_dir() -> Path:
+    """Qwen3-VL with six language-model layers (pipeline stages; the layers an EAGLE3 draft reads)."""
+    return build_cached_model("tiny", overrides=SIX_LAYERS, variant="six-layers")
+
+
+SIX_LAYERS = {"text_config": {"num_hidden_layers": 6}, "vision_config": {"depth": 3}}
 MTP_HEAD = {"text_config": {"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False}}
 
 

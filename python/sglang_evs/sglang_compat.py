@@ -56,6 +56,7 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen3_5Moe": "sglang.srt.models.qwen3_5:Qwen3_5MoeForConditionalGeneration",
     "UpstreamQwen3_5MoeLLMModel": "sglang.srt.models.qwen3_5:Qwen3_5MoeForCausalLM",
     "UpstreamQwen3_5MTP": "sglang.srt.models.qwen3_5_mtp:Qwen3_5ForCausalLMMTP",  # the NEXTN draft (dense, MoE)
+    "UpstreamLlamaEagle3": "sglang.srt.models.llama_eagle3:LlamaForCausalLMEagle3",  # EAGLE3 drafts
     # the other architectures that run upstream Qwen3-VL's forward (and its legacy `use_deepstack`)
     "UpstreamInternS1Pro": "sglang.srt.models.interns1pro:InternS1ProForConditionalGeneration",
     "UpstreamInternS1ProTextModel": "sglang.srt.models.interns1pro:InternS1ProTextModel",

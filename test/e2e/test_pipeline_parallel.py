@@ -16,7 +16,6 @@ that way.
 
 import pytest
 
-from conftest import build_cached_model
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -31,15 +30,9 @@ from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 
 pytestmark = pytest.mark.slow
 
-SIX_LAYERS = {"text_config": {"num_hidden_layers": 6}, "vision_config": {"depth": 3}}
 ARGS = ["--dtype", "float32", "--chunked-prefill-size", "64"]
 TOLERANCE = 1e-4
 PRUNINGS = {"evs q=0.75": per_request_rate(0.75), "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2")}
-
-
-@pytest.fixture(scope="module")
-def six_layer_model():
-    return build_cached_model("tiny", overrides=SIX_LAYERS, variant="six-layers")
 
 
 def cases(media) -> dict[str, tuple[str, dict]]:
@@ -74,7 +67,7 @@ def serve(base_url: str, media, rate: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def served(six_layer_model, media_dir, tmp_path_factory):
+def served(tiny_qwen3_vl_six_layers_dir, media_dir, tmp_path_factory):
     """{(server, setting): results} for upstream pp = 2 (q = 0), the plugin at pp = 2 (q = 0 and both
     prunings) and the plugin at pp = 1 (both prunings)."""
     folder = tmp_path_factory.mktemp("pipeline")
@@ -84,7 +77,7 @@ def served(six_layer_model, media_dir, tmp_path_factory):
         "plugin pp1": ([], {}, PRUNINGS),
     }
     launches = [
-        Launch(six_layer_model, folder / f"{server_name.replace(' ', '-')}.log", [*ARGS, *extra], env)
+        Launch(tiny_qwen3_vl_six_layers_dir, folder / f"{server_name.replace(' ', '-')}.log", [*ARGS, *extra], env)
         for server_name, (extra, env, _) in plans.items()
     ]
     out = {}

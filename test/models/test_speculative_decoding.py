@@ -7,7 +7,8 @@ On the CPU route, float32, with 29-token chunks (they cut inside every video and
 - against upstream SGLang speculating with the same flags: at q = 0, bit-identical;
 - the rotary positions every target and draft forward of a pruned request was handed (the trace),
   against the rule computed here from transformers' `get_rope_index` and the served keep-mask;
-- Qwen3.5-MoE, speculating against not, on a pruned video.
+- Qwen3.5-MoE, speculating against not, on a pruned video;
+- Qwen3-VL with an EAGLE3 draft model that reads M-RoPE: the same, against upstream and no speculation.
 The checkpoints' MTP heads are made for drafts that are accepted (`testing/tiny_model.py`), so the
 draft really drafts: a head that failed to load would accept none.
 """
@@ -254,20 +255,103 @@ def expected_positions(event: dict, rule: torch.Tensor, offset: int) -> torch.Te
     return out
 
 
-def test_every_draft_and_target_forward_of_a_pruned_request_uses_the_rules_positions(served, tiny_qwen3_5_mtp_dir):
-    rule, offset = rule_positions(str(tiny_qwen3_5_mtp_dir), str(served.traced_clip), tuple(served.traced_kept))
-    assert served.traced.prompt_tokens == rule.shape[1]
-    assert served.traced.meta["video_tokens_after_pruning"] < served.traced.meta["video_tokens_before_pruning"]
+def assert_forwards_at_the_rules_positions(traced: Generation, events: list[dict], kept: list[int],
+                                          model_dir: Path, clip: Path) -> None:  # fmt: skip
+    rule, offset = rule_positions(str(model_dir), str(clip), tuple(kept))
+    assert traced.prompt_tokens == rule.shape[1]
+    assert traced.meta["video_tokens_after_pruning"] < traced.meta["video_tokens_before_pruning"]
     assert offset == int(rule.max()) + 1 - rule.shape[1]  # decode continues after the unpruned prompt
-    seen = {(event["model"], event["mode"]) for event in served.traced_events}
+    seen = {(event["model"], event["mode"]) for event in events}
     assert {("target", "EXTEND"), ("draft", "EXTEND"), ("target", "TARGET_VERIFY"), ("draft", "DECODE"),
             ("draft", "DRAFT_EXTEND_V2")} <= seen  # fmt: skip
     prompt_rows = {"target": 0, "draft": 0}
-    for event in served.traced_events:
+    for event in events:
         got = torch.tensor(event["positions"])
         want = expected_positions(event, rule, offset)
         assert torch.equal(got, want), f"{event['model']} {event['mode']} at seq_len {event['seq_lens']}"
         if event["mode"] == "EXTEND":
             prompt_rows[event["model"]] += got.shape[1]
     # every prompt row went through both, chunk by chunk (less what the radix cache held)
-    assert prompt_rows["target"] == prompt_rows["draft"] == rule.shape[1] - served.traced.cached_tokens
+    assert prompt_rows["target"] == prompt_rows["draft"] == rule.shape[1] - traced.cached_tokens
+
+
+def test_every_draft_and_target_forward_of_a_pruned_request_uses_the_rules_positions(served, tiny_qwen3_5_mtp_dir):
+    assert_forwards_at_the_rules_positions(
+        served.traced, served.traced_events, served.traced_kept, tiny_qwen3_5_mtp_dir, served.traced_clip
+    )
+
+
+# --- Qwen3-VL with an EAGLE3 draft model whose config reads M-RoPE (SGLang's `LlamaForCausalLMEagle3`) ---
+
+
+@dataclass
+class ServedEagle3:
+    speculating: dict[tuple[str, str], Generation] = field(default_factory=dict)
+    plain: dict[tuple[str, str], Generation] = field(default_factory=dict)
+    upstream: dict[str, Generation] = field(default_factory=dict)
+    traced: Generation | None = None
+    traced_events: list[dict] = field(default_factory=list)
+    traced_kept: list[int] = field(default_factory=list)
+    traced_clip: Path | None = None
+
+
+@pytest.fixture(scope="module")
+def eagle3_draft_dir(tiny_qwen3_vl_six_layers_dir, tmp_path_factory) -> Path:
+    from sglang_evs.testing import tiny_model
+
+    return tiny_model.build_eagle3_draft(tmp_path_factory.mktemp("eagle3") / "draft", tiny_qwen3_vl_six_layers_dir)
+
+
+@pytest.fixture(scope="module")
+def served_eagle3(media_dir, clips, tiny_qwen3_vl_six_layers_dir, eagle3_draft_dir, tmp_path_factory) -> ServedEagle3:
+    out = tmp_path_factory.mktemp("eagle3_speculation")
+    trace_path = out / "trace.jsonl"
+    args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
+    eagle3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(eagle3_draft_dir),
+              *NEXTN[2:]]  # fmt: skip
+    model = tiny_qwen3_vl_six_layers_dir
+    launches = (
+        Launch(model, out / "speculating.log", [*args, *eagle3], {"SGLANG_EVS_TRACE": str(trace_path)}),
+        Launch(model, out / "plain.log", args),
+        Launch(model, out / "upstream.log", [*args, *eagle3], {"SGLANG_PLUGINS": "none"}),
+    )
+    served = ServedEagle3()
+    all_cases = cases(media_dir, clips)
+    with running_servers(*launches) as (speculating, plain, upstream):
+        for name in ("text", "image", "video"):
+            served.upstream[name] = ask(upstream.base_url, all_cases[name], {})
+            served.speculating[name, "q=0"] = ask(speculating.base_url, all_cases[name], {})
+        for name in ("video", "image_video"):
+            for setting_name in ("evs q=0.5", "evs q=0.75", "vidcom2 q=0.75"):
+                served.speculating[name, setting_name] = ask(
+                    speculating.base_url, all_cases[name], SETTINGS[setting_name]
+                )
+                served.plain[name, setting_name] = ask(plain.base_url, all_cases[name], SETTINGS[setting_name])
+        served.traced_clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=43)
+        events_before = len(trace.read(trace_path, "rope_positions"))
+        served.traced = ask(speculating.base_url, (chat_prompt(VIDEO), media_kwargs(videos=[served.traced_clip])),
+                            per_request_rate(0.5))  # fmt: skip
+        served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
+        served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
+    return served
+
+
+def test_eagle3_at_q0_the_plugin_speculates_bit_identically_to_upstream(served_eagle3):
+    for name, want in served_eagle3.upstream.items():
+        got = served_eagle3.speculating[name, "q=0"]
+        assert got.output_ids == want.output_ids and got.logprobs == want.logprobs, name
+        assert got.meta["spec_verify_ct"] > 0, name  # it did speculate
+
+
+def test_eagle3_pruned_videos_get_the_tokens_of_no_speculation(served_eagle3):
+    assert len(served_eagle3.plain) == 6
+    for key, want in served_eagle3.plain.items():
+        assert_same(served_eagle3.speculating[key], want, f"EAGLE3 {key}")
+        assert want.prompt_tokens < served_eagle3.speculating["video", "q=0"].prompt_tokens or key[0] != "video"
+
+
+def test_eagle3_draft_and_target_forwards_use_the_rules_positions(served_eagle3, tiny_qwen3_vl_six_layers_dir):
+    assert_forwards_at_the_rules_positions(
+        served_eagle3.traced, served_eagle3.traced_events, served_eagle3.traced_kept,
+        tiny_qwen3_vl_six_layers_dir, served_eagle3.traced_clip,
+    )  # fmt: skip

@@ -1,6 +1,7 @@
 """Which pruning applies to a request, and what is refused: pruning with speculative decoding
 (Qwen3.5's MTP among them) or with encoder disaggregation, whether the server or the request asks for it."""
 
+import json
 import re
 from types import SimpleNamespace
 
@@ -55,7 +56,7 @@ def test_a_request_that_asks_for_pruning_is_refused_under_a_conflicting_setup():
     refuse_unsupported(request_pruning(request(video_pruning_rate=0.0), server), SEPARATE_DRAFT)
 
 
-SEPARATE_DRAFT = "speculative decoding other than NEXTN with the model's MTP head (--speculative-algorithm EAGLE3)"
+SEPARATE_DRAFT = "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm EAGLE3)"
 WITH_MTP = SimpleNamespace(text_config=SimpleNamespace(mtp_num_hidden_layers=1))
 WITHOUT_MTP = SimpleNamespace(text_config=SimpleNamespace())
 
@@ -69,12 +70,12 @@ WITHOUT_MTP = SimpleNamespace(text_config=SimpleNamespace())
         (
             {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "draft", "model_path": "m"},
             WITH_MTP,
-            "speculative decoding other than NEXTN with the model's MTP head (--speculative-algorithm EAGLE)",
+            "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm EAGLE)",
         ),
         (
             {"speculative_algorithm": "NEXTN", "model_path": "m"},
             WITHOUT_MTP,
-            "speculative decoding other than NEXTN with the model's MTP head (--speculative-algorithm NEXTN)",
+            "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm NEXTN)",
         ),
         (
             {"speculative_algorithm": "EAGLE", "pp_size": 2},
@@ -85,6 +86,21 @@ WITHOUT_MTP = SimpleNamespace(text_config=SimpleNamespace())
 )
 def test_speculation_prunes_only_with_the_models_own_mtp_head(server_args, hf_config, conflict):
     assert conflicting_setup(SimpleNamespace(**server_args), hf_config) == conflict
+
+
+@pytest.mark.parametrize(
+    "draft_config, prunes",
+    [
+        ({"architectures": ["LlamaForCausalLMEagle3"], "rope_scaling": {"mrope_section": [4, 2, 2]}}, True),
+        ({"architectures": ["LlamaForCausalLMEagle3"], "rope_scaling": {"rope_type": "llama3"}}, False),  # 1-D
+        ({"architectures": ["LlamaForCausalLMEagle"], "rope_scaling": {"mrope_section": [4, 2, 2]}}, False),
+    ],
+)
+def test_an_eagle3_draft_prunes_only_where_it_reads_mrope_positions(draft_config, prunes, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(draft_config))
+    server_args = SimpleNamespace(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(tmp_path),
+                                  model_path="target")  # fmt: skip
+    assert (conflicting_setup(server_args, WITHOUT_MTP) is None) == prunes
 
 
 @pytest.mark.parametrize(

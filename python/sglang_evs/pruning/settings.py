@@ -11,8 +11,10 @@ over those `mm_processor_kwargs` does not name. `video_retention_ratio` (this pr
 VidCom2 setting) is refused with what to write instead.
 """
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from sglang_evs.methods import (
     DEFAULT_METHOD,
@@ -77,9 +79,9 @@ def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs
 def conflicting_setup(server_args, hf_config=None) -> str | None:
     """What of a server's setup video pruning cannot run with, named for the error; None: nothing.
 
-    - speculative decoding, except NEXTN with the checkpoint's own MTP head (Qwen3.5 / 3.6): that
-      draft is given the target's exact positions (`models/qwen3_5.py`); any other draft reads positions
-      of its own, and pipeline stages after the first would not learn the pruned positions in time;
+    - speculative decoding with a draft that does not read the target's positions
+      (`draft_reads_target_positions`), or under pipeline parallelism (the draft runs on the last stage,
+      which learns the pruned positions for the target's forward only);
     - encoder disaggregation: a `--language-only` server takes its media embeddings from an
       `--encoder-only` one, unpruned, and lays the prompt out from the grid alone, so neither the
       pruned layout nor the keep-mask would be built (a request's rate would be silently ignored);
@@ -87,8 +89,8 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
       GPU; its prefill server refuses the test backend), so not proven exact.
     """
     algorithm = getattr(server_args, "speculative_algorithm", None)
-    if algorithm is not None and not drafts_with_own_mtp_head(server_args, hf_config):
-        return f"speculative decoding other than NEXTN with the model's MTP head (--speculative-algorithm {algorithm})"
+    if algorithm is not None and not draft_reads_target_positions(server_args, hf_config):
+        return f"speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm {algorithm})"
     if algorithm is not None and getattr(server_args, "pp_size", 1) > 1:
         return f"speculative decoding under pipeline parallelism (--pp-size {server_args.pp_size})"
     mode = getattr(server_args, "disaggregation_mode", "null")
@@ -97,16 +99,40 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     return next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
 
 
-def drafts_with_own_mtp_head(server_args, hf_config) -> bool:
-    """NEXTN (SGLang's EAGLE worker drafting with the checkpoint's MTP layer, which the config declares as
-    released Qwen3.5 configs do) and no separate draft checkpoint."""
-    text_config = getattr(hf_config, "text_config", hf_config)
+EAGLE3_DRAFT = "LlamaForCausalLMEagle3"  # SGLang 0.5.23's EAGLE3 draft; it reads M-RoPE where its config has them
+
+
+def draft_reads_target_positions(server_args, hf_config) -> bool:
+    """Whether the speculative draft is given the target's M-RoPE positions, which are the pruned prompt's
+    exact ones (SGLang builds them for the draft's batch from the request, `PrunedVideos.write_positions`):
+    - NEXTN (SGLang's EAGLE worker drafting with the checkpoint's own MTP layer, declared in the config as
+      released Qwen3.5 configs do): the plugin's draft class reads them (`models/qwen3_5.py`);
+    - EAGLE3 with a `LlamaForCausalLMEagle3` draft whose config sets `mrope_section`: upstream's draft reads
+      them. Every other draft reads 1-D positions, or positions of its own."""
+    algorithm = getattr(server_args, "speculative_algorithm", None)
     draft = getattr(server_args, "speculative_draft_model_path", None)
-    return (
-        getattr(server_args, "speculative_algorithm", None) in ("EAGLE", "NEXTN")
-        and draft in (None, getattr(server_args, "model_path", None))
-        and int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0
-    )
+    model = getattr(server_args, "model_path", None)
+    if algorithm in ("EAGLE", "NEXTN") and draft in (None, model):
+        text_config = getattr(hf_config, "text_config", hf_config)
+        return int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0
+    if algorithm == "EAGLE3" and draft not in (None, model):
+        config = _checkpoint_config(draft)
+        rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+        return EAGLE3_DRAFT in (config.get("architectures") or []) and "mrope_section" in rope
+    return False
+
+
+def _checkpoint_config(path: str) -> dict:
+    """A checkpoint's config.json as a dict ({} where it cannot be read here)."""
+    local = Path(path) / "config.json"
+    if local.is_file():
+        return json.loads(local.read_text())
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(path).to_dict()
+    except (OSError, ValueError, KeyError):
+        return {}
 
 
 # ServerArgs attribute (also set on an encoder server's model config) -> the role, as errors name it
