@@ -9,10 +9,15 @@ import json
 import os
 
 ENV = "SGLANG_EVS_TRACE"
+POSITIONS_ENV = "SGLANG_EVS_TRACE_POSITIONS"  # =1: also every forward's rotary positions (large)
 
 
 def enabled() -> bool:
     return ENV in os.environ
+
+
+def positions_enabled() -> bool:
+    return enabled() and os.environ.get(POSITIONS_ENV) == "1"
 
 
 def record(event: str, **fields) -> None:

@@ -50,6 +50,11 @@ MAX_NEW_TOKENS = 10
 EVS_RATES = (0.5, 0.75)
 
 
+def traced(trace_path: Path) -> dict[str, str]:
+    """A server's environment that traces, every forward's rotary positions included."""
+    return {trace.ENV: str(trace_path), trace.POSITIONS_ENV: "1"}
+
+
 def cases(media_dir: Path, clips: dict[str, Path]) -> dict[str, tuple[str, dict]]:
     return {
         "text": (chat_prompt(text="Tell me a long story about a cat."), {}),
@@ -115,7 +120,7 @@ def served(media_dir, clips, tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, tmp
     args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
     launches = (
         Launch(tiny_qwen3_5_mtp_dir, out / "speculating.log", [*args, *NEXTN],
-               {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(trace_path)}),
+               {**HYBRID_ENV, **traced(trace_path)}),
         Launch(tiny_qwen3_5_mtp_dir, out / "plain.log", args, HYBRID_ENV),
         Launch(tiny_qwen3_5_mtp_dir, out / "upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
         Launch(tiny_qwen3_5_moe_mtp_dir, out / "moe-speculating.log", [*args, *NEXTN], HYBRID_ENV),
@@ -311,7 +316,7 @@ def served_eagle3(media_dir, clips, tiny_qwen3_vl_six_layers_dir, eagle3_draft_d
               *NEXTN[2:]]  # fmt: skip
     model = tiny_qwen3_vl_six_layers_dir
     launches = (
-        Launch(model, out / "speculating.log", [*args, *eagle3], {"SGLANG_EVS_TRACE": str(trace_path)}),
+        Launch(model, out / "speculating.log", [*args, *eagle3], traced(trace_path)),
         Launch(model, out / "plain.log", args),
         Launch(model, out / "upstream.log", [*args, *eagle3], {"SGLANG_PLUGINS": "none"}),
     )

@@ -2,8 +2,9 @@
 
 A draft whose config sets `mrope_section` reads `forward_batch.mrope_positions`, which SGLang builds for
 its batch from the request's positions (exact once the keep-mask is known) and `mrope_position_delta`:
-pruning needs nothing of it. The plugin answers this architecture only on a traced server
-(`SGLANG_EVS_TRACE`, `registry.TRACED_DRAFT_MODELS`), to record what the draft was handed.
+pruning needs nothing of it. The plugin answers this architecture only on a server that traces positions
+(`SGLANG_EVS_TRACE` and `SGLANG_EVS_TRACE_POSITIONS=1`, `registry.TRACED_DRAFT_MODELS`), to record what
+the draft was handed.
 """
 
 from sglang_evs import sglang_compat as sglang
@@ -13,7 +14,7 @@ from sglang_evs.models.graph_inputs import trace_rope_positions
 
 class Eagle3Draft(sglang.UpstreamLlamaEagle3):
     def forward(self, input_ids, positions, forward_batch, *args, **kwargs):
-        if trace.enabled():
+        if trace.positions_enabled():
             reads_mrope = self.model.is_mrope_enabled and forward_batch.mrope_positions is not None
             trace_rope_positions("draft", forward_batch.mrope_positions if reads_mrope else positions, forward_batch)
         return super().forward(input_ids, positions, forward_batch, *args, **kwargs)

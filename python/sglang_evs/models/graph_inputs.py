@@ -141,7 +141,10 @@ def refuse_deepstack_beyond_first_stage(language_model, deepstack_levels: int) -
 
 
 def trace_rope_positions(model: str, positions, forward_batch) -> None:
-    """The rotary positions a language model (`model`: "target" or "draft") was handed, token by token."""
+    """The rotary positions a language model (`model`: "target" or "draft") was handed, token by token
+    (not while a CUDA graph captures: reading them back would synchronise the capturing stream)."""
+    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
     trace.record(
         "rope_positions",
         model=model,
@@ -183,7 +186,8 @@ class ReadsGraphInputs:
                 positions_ptr=positions.data_ptr(),
                 rows=int(positions.shape[-1]),
             )
-            trace_rope_positions("target", positions, forward_batch)
+            if trace.positions_enabled():
+                trace_rope_positions("target", positions, forward_batch)
         extra = () if deepstack is None else (deepstack,)
         out = super().forward(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors, *extra)
         pp_group = getattr(self, "pp_group", None)

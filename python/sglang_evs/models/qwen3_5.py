@@ -48,7 +48,7 @@ class Qwen3_5MTP(sglang.UpstreamQwen3_5MTP):
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
         if forward_batch.mrope_positions is not None:
             positions = forward_batch.mrope_positions
-        if trace.enabled():
+        if trace.positions_enabled():
             trace_rope_positions("draft", positions, forward_batch)
         return super().forward(input_ids, positions, forward_batch, input_embeds, **kwargs)
 

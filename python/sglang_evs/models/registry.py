@@ -42,7 +42,7 @@ MODELS: dict[str, Entry] = {
 DRAFT_MODELS: dict[str, Entry] = {
     "Qwen3_5ForCausalLMMTP": Entry("qwen3_5:Qwen3_5MTP", "UpstreamQwen3_5MTP"),
 }
-# Drafts that see it already, answered only on a traced server (to record what they were handed).
+# Drafts that see it already, answered only where positions are traced (to record what they were handed).
 TRACED_DRAFT_MODELS: dict[str, Entry] = {
     "LlamaForCausalLMEagle3": Entry("eagle3:Eagle3Draft", "UpstreamLlamaEagle3"),
 }
@@ -77,6 +77,6 @@ def upstream_classes() -> list[Any]:
 def resolve_model_cls_around(original, registry, architectures):
     """AROUND hook on SGLang's `_ModelRegistry.resolve_model_cls`."""
     first = architectures if isinstance(architectures, str) else (architectures or [None])[0]
-    traced = TRACED_DRAFT_MODELS.get(first) if trace.enabled() else None
+    traced = TRACED_DRAFT_MODELS.get(first) if trace.positions_enabled() else None
     cls = _load(MODELS.get(first) or DRAFT_MODELS.get(first) or traced) if first else None
     return (cls, first) if cls is not None else original(registry, architectures)
