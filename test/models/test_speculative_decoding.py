@@ -113,47 +113,48 @@ def clips(tmp_path_factory) -> dict[str, Path]:
     return {kind: media.write_clip(out / f"{kind}.mp4", kind, num_frames=16, fps=4, seed=9) for kind in kinds}
 
 
-@pytest.fixture(scope="module")
-def served(media_dir, clips, tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, tmp_path_factory) -> Served:
-    out = tmp_path_factory.mktemp("speculation")
-    trace_path = out / "trace.jsonl"
+def qwen3_5_launches(dense: Path, moe: Path, out: Path) -> tuple[Launch, ...]:
     args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
-    launches = (
-        Launch(tiny_qwen3_5_mtp_dir, out / "speculating.log", [*args, *NEXTN],
+    trace_path = out / "trace.jsonl"
+    return (
+        Launch(dense, out / "speculating.log", [*args, *NEXTN],
                {**HYBRID_ENV, **traced(trace_path)}),
-        Launch(tiny_qwen3_5_mtp_dir, out / "plain.log", args, HYBRID_ENV),
-        Launch(tiny_qwen3_5_mtp_dir, out / "upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
-        Launch(tiny_qwen3_5_moe_mtp_dir, out / "moe-speculating.log", [*args, *NEXTN], HYBRID_ENV),
-        Launch(tiny_qwen3_5_moe_mtp_dir, out / "moe-plain.log", args, HYBRID_ENV),
+        Launch(dense, out / "plain.log", args, HYBRID_ENV),
+        Launch(dense, out / "upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
+        Launch(moe, out / "moe-speculating.log", [*args, *NEXTN], HYBRID_ENV),
+        Launch(moe, out / "moe-plain.log", args, HYBRID_ENV),
     )  # fmt: skip
+
+
+def serve_qwen3_5(servers, all_cases: dict, clips: dict[str, Path], out: Path) -> Served:
+    speculating, plain, upstream, moe_speculating, moe_plain = servers
+    trace_path = out / "trace.jsonl"
     served = Served()
-    all_cases = cases(media_dir, clips)
-    with running_servers(*launches) as (speculating, plain, upstream, moe_speculating, moe_plain):
-        for name, case in all_cases.items():
-            served.upstream[name] = ask(upstream.base_url, case, {})
-            for setting_name, setting in SETTINGS.items():
-                if setting_name != "q=0" and name not in VIDEO_CASES:
-                    continue
-                served.speculating[name, setting_name] = ask(speculating.base_url, case, setting)
-                if (name, setting_name) == ("video", "evs q=0.75"):  # at once: the hybrid cache keeps few states
-                    served.radix_repeat = ask(speculating.base_url, case, setting)
-                served.plain[name, setting_name] = ask(plain.base_url, case, setting)
+    for name, case in all_cases.items():
+        served.upstream[name] = ask(upstream.base_url, case, {})
+        for setting_name, setting in SETTINGS.items():
+            if setting_name != "q=0" and name not in VIDEO_CASES:
+                continue
+            served.speculating[name, setting_name] = ask(speculating.base_url, case, setting)
+            if (name, setting_name) == ("video", "evs q=0.75"):  # at once: the hybrid cache keeps few states
+                served.radix_repeat = ask(speculating.base_url, case, setting)
+            served.plain[name, setting_name] = ask(plain.base_url, case, setting)
 
-        served.mixed_alone = send_alone(plain.base_url, mixed(all_cases))
-        served.mixed_together, served.mixed_prefill = send_together(speculating.base_url, mixed(all_cases), trace_path)
+    served.mixed_alone = send_alone(plain.base_url, mixed(all_cases))
+    served.mixed_together, served.mixed_prefill = send_together(speculating.base_url, mixed(all_cases), trace_path)
 
-        served.traced_clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=41)
-        events_before = len(trace.read(trace_path, "rope_positions"))
-        # at .5 the kept tokens spill past the first group: their layout before the mask (the canonical
-        # split, `methods/canonical.py`) is not the mask's, so the request's positions must be corrected
-        served.traced = ask(speculating.base_url, (chat_prompt(VIDEO), media_kwargs(videos=[served.traced_clip])),
-                            per_request_rate(0.5))  # fmt: skip
-        served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
-        served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
+    served.traced_clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=41)
+    events_before = len(trace.read(trace_path, "rope_positions"))
+    # at .5 the kept tokens spill past the first group: their layout before the mask (the canonical
+    # split, `methods/canonical.py`) is not the mask's, so the request's positions must be corrected
+    served.traced = ask(speculating.base_url, (chat_prompt(VIDEO), media_kwargs(videos=[served.traced_clip])),
+                        per_request_rate(0.5))  # fmt: skip
+    served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
+    served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
 
-        moe_case = (chat_prompt(VIDEO), media_kwargs(videos=[clips["noise"]]))
-        served.moe["speculating"] = ask(moe_speculating.base_url, moe_case, per_request_rate(0.75))
-        served.moe["plain"] = ask(moe_plain.base_url, moe_case, per_request_rate(0.75))
+    moe_case = (chat_prompt(VIDEO), media_kwargs(videos=[clips["noise"]]))
+    served.moe["speculating"] = ask(moe_speculating.base_url, moe_case, per_request_rate(0.75))
+    served.moe["plain"] = ask(moe_plain.base_url, moe_case, per_request_rate(0.75))
     return served
 
 
@@ -307,38 +308,59 @@ def eagle3_draft_dir(tiny_qwen3_vl_six_layers_dir, tmp_path_factory) -> Path:
     return tiny_model.build_eagle3_draft(tmp_path_factory.mktemp("eagle3") / "draft", tiny_qwen3_vl_six_layers_dir)
 
 
-@pytest.fixture(scope="module")
-def served_eagle3(media_dir, clips, tiny_qwen3_vl_six_layers_dir, eagle3_draft_dir, tmp_path_factory) -> ServedEagle3:
-    out = tmp_path_factory.mktemp("eagle3_speculation")
+def eagle3_launches(model: Path, draft: Path, out: Path) -> tuple[Launch, ...]:
     trace_path = out / "trace.jsonl"
     args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
-    eagle3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(eagle3_draft_dir),
-              *NEXTN[2:]]  # fmt: skip
-    model = tiny_qwen3_vl_six_layers_dir
-    launches = (
+    eagle3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft), *NEXTN[2:]]
+    return (
         Launch(model, out / "speculating.log", [*args, *eagle3], traced(trace_path)),
         Launch(model, out / "plain.log", args),
         Launch(model, out / "upstream.log", [*args, *eagle3], {"SGLANG_PLUGINS": "none"}),
     )
+
+
+def serve_eagle3(servers, all_cases: dict, out: Path) -> ServedEagle3:
+    speculating, plain, upstream = servers
+    trace_path = out / "trace.jsonl"
     served = ServedEagle3()
-    all_cases = cases(media_dir, clips)
-    with running_servers(*launches) as (speculating, plain, upstream):
-        for name in ("text", "image", "video"):
-            served.upstream[name] = ask(upstream.base_url, all_cases[name], {})
-            served.speculating[name, "q=0"] = ask(speculating.base_url, all_cases[name], {})
-        for name in ("video", "image_video"):
-            for setting_name in ("evs q=0.5", "evs q=0.75", "vidcom2 q=0.75"):
-                served.speculating[name, setting_name] = ask(
-                    speculating.base_url, all_cases[name], SETTINGS[setting_name]
-                )
-                served.plain[name, setting_name] = ask(plain.base_url, all_cases[name], SETTINGS[setting_name])
-        served.traced_clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=43)
-        events_before = len(trace.read(trace_path, "rope_positions"))
-        served.traced = ask(speculating.base_url, (chat_prompt(VIDEO), media_kwargs(videos=[served.traced_clip])),
-                            per_request_rate(0.5))  # fmt: skip
-        served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
-        served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
+    for name in ("text", "image", "video"):
+        served.upstream[name] = ask(upstream.base_url, all_cases[name], {})
+        served.speculating[name, "q=0"] = ask(speculating.base_url, all_cases[name], {})
+    for name in ("video", "image_video"):
+        for setting_name in ("evs q=0.5", "evs q=0.75", "vidcom2 q=0.75"):
+            served.speculating[name, setting_name] = ask(speculating.base_url, all_cases[name], SETTINGS[setting_name])
+            served.plain[name, setting_name] = ask(plain.base_url, all_cases[name], SETTINGS[setting_name])
+    served.traced_clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=43)
+    events_before = len(trace.read(trace_path, "rope_positions"))
+    served.traced = ask(speculating.base_url, (chat_prompt(VIDEO), media_kwargs(videos=[served.traced_clip])),
+                        per_request_rate(0.5))  # fmt: skip
+    served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
+    served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
     return served
+
+
+@pytest.fixture(scope="module")
+def served_both(media_dir, clips, tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, tiny_qwen3_vl_six_layers_dir,
+                eagle3_draft_dir, tmp_path_factory) -> tuple[Served, ServedEagle3]:  # fmt: skip
+    """The eight servers of this module, started together (starting is mostly one core importing)."""
+    qwen3_5_out, eagle3_out = tmp_path_factory.mktemp("speculation"), tmp_path_factory.mktemp("eagle3_speculation")
+    launches = (*qwen3_5_launches(tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, qwen3_5_out),
+                *eagle3_launches(tiny_qwen3_vl_six_layers_dir, eagle3_draft_dir, eagle3_out))  # fmt: skip
+    all_cases = cases(media_dir, clips)
+    with running_servers(*launches) as servers:
+        return serve_qwen3_5(servers[:5], all_cases, clips, qwen3_5_out), serve_eagle3(
+            servers[5:], all_cases, eagle3_out
+        )
+
+
+@pytest.fixture(scope="module")
+def served(served_both) -> Served:
+    return served_both[0]
+
+
+@pytest.fixture(scope="module")
+def served_eagle3(served_both) -> ServedEagle3:
+    return served_both[1]
 
 
 def test_eagle3_at_q0_the_plugin_speculates_bit_identically_to_upstream(served_eagle3):
