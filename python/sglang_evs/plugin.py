@@ -65,6 +65,7 @@ def register_hooks() -> None:
     from sglang_evs import sglang_compat as sglang
     from sglang_evs import trace
     from sglang_evs.models import registry
+    from sglang_evs.pruning import disaggregated
 
     around, after = sglang.HookType.AROUND, sglang.HookType.AFTER
     register = sglang.HookRegistry.register
@@ -75,7 +76,15 @@ def register_hooks() -> None:
     register(sglang.hook_target("handle_batch_output"), _add_usage_to_meta_info, around)
     register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
     register(sglang.hook_target("chat_to_generate_request"), carry_chat_pruning_setting, after)
-    register(sglang.hook_target("dispatch_to_encoder"), refuse_pruning_before_encoder_dispatch, sglang.HookType.BEFORE)
+    register(sglang.hook_target("dispatch_to_encoder"), disaggregated.carry_pruning_to_encoders, sglang.HookType.BEFORE)
+    register(sglang.hook_target("encoder_video_entries"), disaggregated.settings_to_video_entries, after)
+    register(sglang.hook_target("encoder_prepare_context"), disaggregated.remember_video_settings, around)
+    register(sglang.hook_target("encoder_publish_sizes"), disaggregated.publish_pruned_sizes, around)
+    register(sglang.hook_target("encoder_compute_embedding"), disaggregated.prune_on_encoder, around)
+    register(sglang.hook_target("encoder_send"), disaggregated.count_sent_bytes, around)
+    register(sglang.hook_target("video_meta_attrs"), disaggregated.with_pruning_records, after)
+    before = sglang.HookType.BEFORE
+    register(sglang.hook_target("encoder_failed_request"), disaggregated.reportable_failed_request, before)
     if trace.enabled():
         register(sglang.hook_target("prefill_graph_execute"), trace_prefill_graph_replay, after)
     # Our models' language models take no tensor argument but input_embeds (deepstack and
@@ -152,20 +161,6 @@ def carry_chat_pruning_setting(result, *args, **kwargs):
         chat_request.chat_template_kwargs, generate_request.mm_processor_kwargs
     )
     return result
-
-
-def refuse_pruning_before_encoder_dispatch(tokenizer_manager, request, *args, **kwargs):
-    """BEFORE hook on a `--language-only` server's dispatch of a request's media to its encoder servers:
-    a request that asks for video pruning gets SGLang's HTTP 400 (ValueError) before anything is sent,
-    since the embeddings coming back are unpruned and the layout is built without the pruning
-    processor (`settings.conflicting_setup`). The server default cannot prune here: refused at startup."""
-    from sglang_evs.pruning.settings import NO_PRUNING, conflicting_setup, pruning_from, refuse_unsupported
-
-    model_config = getattr(tokenizer_manager, "model_config", None)
-    conflict = conflicting_setup(tokenizer_manager.server_args, getattr(model_config, "hf_config", None))
-    given = request.mm_processor_kwargs  # a batch request may give one dict per sub-request
-    for mm_processor_kwargs in given if isinstance(given, list) else [given]:
-        refuse_unsupported(pruning_from(mm_processor_kwargs or {}, NO_PRUNING), conflict)
 
 
 def trace_prefill_graph_replay(result, runner, forward_batch, *args, **kwargs):

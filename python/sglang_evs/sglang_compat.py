@@ -111,6 +111,16 @@ HOOK_TARGETS: dict[str, str] = {
     "dispatch_to_encoder": (
         "sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_epd_disaggregation_encode_request"
     ),
+    # encoder disaggregation with pruning (pruning/disaggregated.py): the language server's media entries for
+    # its encoders, the encoder's context and rows, what it sends, and the per-video metadata kept with rows
+    "encoder_video_entries": "sglang.srt.disaggregation.encoder.receiver:MMReceiverBase._extract_url_data",
+    "encoder_prepare_context": "sglang.srt.disaggregation.encoder.server:MMEncoder._prepare_encode_context",
+    "encoder_publish_sizes": "sglang.srt.disaggregation.encoder.server:MMEncoder._publish_preprocess_metadata",
+    "encoder_compute_embedding": "sglang.srt.disaggregation.encoder.server:MMEncoder._compute_embedding",
+    "encoder_send": "sglang.srt.disaggregation.encoder.server:MMEncoder._send",
+    "video_meta_attrs": "sglang.srt.disaggregation.encoder.receiver:video_meta_attrs_for",
+    # the Req a `--language-only` scheduler builds to report a request whose media never came back
+    "encoder_failed_request": "sglang.srt.disaggregation.encoder.receiver:MMReceiverBase.create_req",
     # traced only (SGLANG_EVS_TRACE): each prefill CUDA graph replay
     "prefill_graph_execute": (
         "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.execute"

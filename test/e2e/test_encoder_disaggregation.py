@@ -1,97 +1,232 @@
-"""Encoder disaggregation with the plugin: an `--encoder-only` server encodes for a `--language-only` one.
+"""Encoder disaggregation with the plugin: `--encoder-only` servers prune the videos they encode.
 
-At q = 0 the pair serves as one plugin server does: the same greedy tokens and logprobs for a video and
-an image, with the encoder server doing the encoding. Video pruning cannot run there (the language
-server gets the encoder's embeddings unpruned and lays the prompt out from the grid alone), so a
-server-wide setting stops either role at startup, and a request that asks for pruning gets HTTP 400
-before anything is sent to an encoder, while the pair serves on.
+Two encoder servers encode for one `--language-only` server (29-token chunks, a server default of EVS
+.5; every request here but one names its own setting). The pair is compared with one plugin server
+(the session's, one chunk): the same greedy tokens and prompt tokens, logprobs within TOLERANCE, at
+q = 0, .5, .75 and under VidCom2, for a video, an image and a video, and two videos; a radix repeat;
+8 concurrent requests at mixed rates. The encoders trace what they send: at q = .75 a video's rows are
+a quarter of q = 0's. Then one encoder is killed while a burst is in flight: every request gets an
+answer or an error, none hangs, and the language server serves on.
 """
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
 
+from sglang_evs import trace
+from sglang_evs.methods import EVS
 from sglang_evs.testing import media
-from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, generate, media_kwargs
-from sglang_evs.testing.server import run_to_exit, running_server
+from sglang_evs.testing.requests import (
+    IMAGE,
+    VIDEO,
+    Generation,
+    chat_prompt,
+    generate,
+    media_kwargs,
+    per_request_rate,
+    pruning_setting,
+)
+from sglang_evs.testing.server import Launch, run_to_exit, running_server, running_servers
+from sglang_evs.testing.workload import send_alone, send_together
 
 pytestmark = pytest.mark.slow
 
 SERVER_ARGS = ["--dtype", "float32"]
-REFUSED = "is not supported with encoder disaggregation ({role})"
+CHUNK = 29
+LANGUAGE_DEFAULT = 0.5  # the language server's own default (EVS)
+# The pair (29-token chunks) vs one server (one chunk): the same weights, other chunk boundaries.
+TOLERANCE = 1e-4
+SETTINGS = {
+    "q=0": per_request_rate(0.0),
+    "evs q=0.5": per_request_rate(0.5),
+    "evs q=0.75": per_request_rate(0.75),
+    "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2"),
+}
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("epd_media")
     return {
-        "video": media.write_clip(out / "clip.mp4", "moving", num_frames=16, fps=4, seed=5),
+        "moving": media.write_clip(out / "moving.mp4", "moving", num_frames=16, fps=4, seed=5),
+        "noise": media.write_clip(out / "noise.mp4", "noise", num_frames=16, fps=4, seed=6),
         "image": media.write_image(out / "image.png", seed=6),
+        "burst": [
+            media.write_clip(out / f"burst{i}.mp4", "moving", num_frames=48, fps=4, seed=60 + i) for i in range(12)
+        ],
+        "unseen": media.write_clip(out / "unseen.mp4", "noise", num_frames=16, fps=4, seed=61),
+        "mixed_clips": [
+            media.write_clip(out / f"mixed{i}.mp4", ("moving", "noise")[i % 2], num_frames=16, fps=4, seed=80 + i)
+            for i in range(7)
+        ],
+        "mixed_images": [media.write_image(out / f"mixed{i}.png", seed=90 + i) for i in range(3)],
     }
 
 
-def answers(base_url: str, files: dict, **extra) -> dict:
+def cases(files: dict) -> dict[str, tuple[str, dict]]:
     return {
-        "video": generate(base_url, chat_prompt(VIDEO), **media_kwargs(videos=[files["video"]]), **extra)[0],
-        "image": generate(base_url, chat_prompt(IMAGE), **media_kwargs(images=[files["image"]]), **extra)[0],
+        "image": (chat_prompt(IMAGE), media_kwargs(images=[files["image"]])),
+        "video": (chat_prompt(VIDEO), media_kwargs(videos=[files["moving"]])),
+        "image_video": (chat_prompt(IMAGE, VIDEO), media_kwargs(images=[files["image"]], videos=[files["noise"]])),
+        "two_videos": (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[files["moving"], files["noise"]])),
     }
 
 
-@pytest.fixture(scope="module")
-def single(tiny_server, files) -> dict:
-    return answers(tiny_server.base_url, files)
+def mixed(files: dict) -> list[tuple[str, dict, float]]:
+    """8 requests at mixed rates, each with media of its own (no two share a prefix the radix cache could
+    serve, so they prefill together)."""
+    clips, images = files["mixed_clips"], files["mixed_images"]
+    return [
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips[0]]), 0.0),
+        (chat_prompt(IMAGE, VIDEO), media_kwargs(images=[images[0]], videos=[clips[1]]), 0.5),
+        (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[clips[2], clips[3]]), 0.75),
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips[4]]), 0.25),
+        (chat_prompt(IMAGE, VIDEO), media_kwargs(images=[images[1]], videos=[clips[5]]), 0.75),
+        (chat_prompt(IMAGE), media_kwargs(images=[images[2]]), 0.0),
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips[6]]), 0.5),
+        (chat_prompt(text="Count the objects."), {}, 0.75),
+    ]
+
+
+def ask(base_url: str, case: tuple[str, dict], setting: dict) -> Generation:
+    prompt, kw = case
+    return generate(base_url, prompt, **kw, **setting)[0]
+
+
+def burst_one(base_url: str, clip: Path) -> tuple[str, str, float]:
+    start = time.time()
+    try:
+        reply = ask(base_url, (chat_prompt(VIDEO), media_kwargs(videos=[clip])), per_request_rate(0.75))
+        return "answered", str(reply.prompt_tokens), time.time() - start
+    except Exception as error:  # noqa: BLE001 - each request's outcome is the result
+        return "error", str(error), time.time() - start
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_model_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("epd_pair")
-    with running_server(tiny_model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only"]) as encoder:
-        language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", encoder.base_url]
-        with running_server(tiny_model_dir, folder / "language.log", language_args) as language:
-            yield encoder, language
+def served(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("epd")
+    traces = [folder / "encoder1.jsonl", folder / "encoder2.jsonl"]
+    language_trace = folder / "language.jsonl"
+    encoders = [Launch(tiny_model_dir, folder / f"encoder{i + 1}.log", [*SERVER_ARGS, "--encoder-only"],
+                       {trace.ENV: str(path)}) for i, path in enumerate(traces)]  # fmt: skip
+    out: dict = {"pair": {}, "single": {}, "traces": traces}
+    all_cases = cases(files)
+    with running_servers(*encoders) as (encoder1, encoder2):
+        language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", encoder1.base_url, encoder2.base_url,
+                         "--chunked-prefill-size", str(CHUNK),
+                         "--json-model-override-args", json.dumps(pruning_setting(LANGUAGE_DEFAULT))]  # fmt: skip
+        with running_server(tiny_model_dir, folder / "language.log", language_args,
+                            {trace.ENV: str(language_trace)}) as language:  # fmt: skip
+            for name, case in all_cases.items():
+                for setting_name, setting in SETTINGS.items():
+                    if name == "image" and setting_name != "q=0":
+                        continue
+                    out["pair"][name, setting_name] = ask(language.base_url, case, setting)
+                    if (name, setting_name) == ("video", "evs q=0.75"):
+                        out["radix_repeat"] = ask(language.base_url, case, setting)
+                    out["single"][name, setting_name] = ask(tiny_server.base_url, case, setting)
+            out["default"] = ask(language.base_url, all_cases["video"], {})  # the language server's default
+            out["mixed_alone"] = send_alone(tiny_server.base_url, mixed(files))
+            out["mixed_together"], out["mixed_prefill"] = send_together(language.base_url, mixed(files), language_trace)
+
+            sent_before = [len(trace.read(path, "encoder_sent")) for path in traces]
+            unseen = (chat_prompt(VIDEO), media_kwargs(videos=[files["unseen"]]))
+            out["unseen"] = {q: ask(language.base_url, unseen, per_request_rate(q)) for q in (0.0, 0.75)}
+            sent = [event for path, before in zip(traces, sent_before, strict=True)
+                    for event in trace.read(path, "encoder_sent")[before:]]  # fmt: skip
+            out["unseen_sent"] = sorted(sent, key=lambda event: event["rows"], reverse=True)
+            out["bad"] = requests.post(
+                f"{language.base_url}/generate",
+                json={"text": chat_prompt(VIDEO), "video_data": [str(files["moving"])], **per_request_rate(1.5),
+                      "sampling_params": {"max_new_tokens": 2}},
+                timeout=120,
+            )  # fmt: skip
+            out["after_bad"] = ask(language.base_url, all_cases["video"], SETTINGS["evs q=0.75"])
+
+            with ThreadPoolExecutor(len(files["burst"])) as pool:
+                burst = [pool.submit(burst_one, language.base_url, clip) for clip in files["burst"]]
+                time.sleep(0.5)
+                os.killpg(os.getpgid(encoder2.process.pid), signal.SIGKILL)
+                out["burst"] = [future.result(timeout=300) for future in burst]
+            out["language_alive"] = language.alive()
+            out["text_after"] = generate(language.base_url, chat_prompt(text="Count to five."))[0]
+    return out
 
 
-def test_at_q0_the_pair_serves_as_one_server(pair, single, files):
-    encoder, language = pair
-    served = answers(language.base_url, files)
-    for name, one in single.items():
-        assert served[name].output_ids == one.output_ids, name
-        assert served[name].prompt_tokens == one.prompt_tokens, name
-        assert served[name].logprobs == pytest.approx(one.logprobs, abs=1e-5), name
-    encoded = encoder.log()
-    assert "/encode completed" in encoded and "modality=VIDEO" in encoded and "modality=IMAGE" in encoded
+def assert_same(got: Generation, want: Generation, context: str) -> None:
+    assert got.output_ids == want.output_ids, context
+    assert got.prompt_tokens == want.prompt_tokens, context
+    gap = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True))
+    assert gap <= TOLERANCE, f"{context}: logprobs {gap:.2e} apart"
 
 
-def test_a_request_asking_for_pruning_gets_400_and_the_pair_serves_on(pair, single, files, tmp_path):
-    encoder, language = pair
-    fresh = media.write_image(tmp_path / "fresh.png", seed=77)  # new pixels: the encoder must encode them
-    generate(language.base_url, chat_prompt(IMAGE), **media_kwargs(images=[fresh]), max_new_tokens=1)
-    encodes_before = encoder.log().count("/encode completed")
-    assert encodes_before > 0  # the log counts encodes: an unchanged count below means nothing was sent
-    with pytest.raises(RuntimeError, match=r"answered 400.*video_pruning_rate=0\.5.*" + r"\(--language-only\)"):
-        answers(language.base_url, files, mm_processor_kwargs={"video_pruning_rate": 0.5})
-    chat = {
-        "messages": [{"role": "user", "content": [
-            {"type": "video_url", "video_url": {"url": f"file://{files['video']}"}}, {"type": "text", "text": "hi"},
-        ]}],
-        "max_tokens": 4,
-        # the field sglang-router forwards
-        "chat_template_kwargs": {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75},
-    }  # fmt: skip
-    refused = requests.post(f"{language.base_url}/v1/chat/completions", json=chat, timeout=120)
-    assert refused.status_code == 400
-    assert "video_pruning_rate=0.75: video pruning (vidcom2)" in refused.text
-    assert REFUSED.format(role="--language-only") in refused.text
-    assert encoder.log().count("/encode completed") == encodes_before  # nothing was sent to the encoder
-    assert answers(language.base_url, files)["video"].output_ids == single["video"].output_ids
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_the_pair_serves_as_one_server(served, setting):
+    compared = [key for key in served["pair"] if key[1] == setting]
+    assert len(compared) == (4 if setting == "q=0" else 3)
+    for key in compared:
+        assert_same(served["pair"][key], served["single"][key], str(key))
+        if setting != "q=0" and key[0] != "image":
+            assert served["pair"][key].prompt_tokens < served["pair"][key[0], "q=0"].prompt_tokens, key
 
 
-@pytest.mark.parametrize(
-    "role_args",
-    [["--encoder-only"], ["--language-only", "--encoder-urls", "http://127.0.0.1:9"]],
-    ids=["encoder-only", "language-only"],
-)
-def test_a_server_wide_setting_stops_either_role_at_startup(tiny_model_dir, role_args):
-    done = run_to_exit(tiny_model_dir, [*role_args, "--json-model-override-args", '{"video_pruning_rate": 0.5}'])
+def test_the_language_servers_default_reaches_the_encoder(served):
+    assert served["default"].prompt_tokens == served["pair"]["video", "evs q=0.5"].prompt_tokens
+    assert served["default"].output_ids == served["pair"]["video", "evs q=0.5"].output_ids
+
+
+def test_a_radix_repeat_of_a_pruned_video_gives_the_same_tokens(served):
+    assert served["radix_repeat"].cached_tokens > 0
+    assert_same(served["radix_repeat"], served["pair"]["video", "evs q=0.75"], "radix repeat")
+
+
+def test_eight_concurrent_mixed_requests_equal_each_served_alone(served):
+    batched, cached, prompt = served["mixed_prefill"]
+    assert batched > 0, "no prefill forward held two requests' media"
+    assert cached < prompt // 4
+    for i, (got, want) in enumerate(zip(served["mixed_together"], served["mixed_alone"], strict=True)):
+        assert_same(got, want, f"mixed request {i}")
+
+
+def test_at_q075_an_encoder_sends_a_quarter_of_a_videos_rows(served):
+    """One video, 4 groups of 100 tokens: EVS at .75 keeps 100 rows (its first group), so the rows sent are
+    exactly a quarter; the message is a little more, since the kept indices travel with the rows."""
+    full, pruned = served["unseen_sent"]
+    assert served["unseen"][0.0].prompt_tokens - served["unseen"][0.75].prompt_tokens == full["rows"] - pruned["rows"]
+    assert pruned["rows"] == EVS.retained_token_count(100, 4, 0.75) == full["rows"] // 4
+    assert pruned["embedding_bytes"] * 4 == full["embedding_bytes"]
+    ratio = (pruned["embedding_bytes"] + pruned["metadata_bytes"]) / (full["embedding_bytes"] + full["metadata_bytes"])
+    assert 0.25 < ratio < 0.26
+
+
+def test_both_encoder_servers_encoded(served):
+    for path in served["traces"]:
+        assert trace.read(path, "encoder_sent"), path
+
+
+def test_a_bad_rate_gets_400_and_the_pair_serves_on(served):
+    assert served["bad"].status_code == 400 and "video_pruning_rate" in served["bad"].text
+    assert_same(served["after_bad"], served["pair"]["video", "evs q=0.75"], "after the bad request")
+
+
+def test_an_encoder_killed_mid_burst_loses_no_request_and_the_language_server_serves_on(served):
+    outcomes = [outcome for outcome, _, _ in served["burst"]]
+    assert set(outcomes) <= {"answered", "error"} and "answered" in outcomes and "error" in outcomes
+    for outcome, detail, seconds in served["burst"]:
+        assert seconds < 120, "a request hung"
+        if outcome == "error":
+            assert "502" in detail or "Server disconnected" in detail, detail
+    assert served["language_alive"] and len(served["text_after"].output_ids) > 0
+
+
+def test_a_server_wide_setting_on_an_encoder_stops_it_at_startup(tiny_model_dir):
+    done = run_to_exit(tiny_model_dir, ["--encoder-only", "--json-model-override-args", '{"video_pruning_rate": 0.5}'])
     assert done.returncode != 0
     assert "video_pruning_rate=0.5" in done.stdout + done.stderr
-    assert REFUSED.format(role=role_args[0]) in done.stdout + done.stderr
+    assert "set the pruning default on the --language-only server" in done.stdout + done.stderr

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_evs.methods import EVS, VIDCOM2
-from sglang_evs.plugin import carry_chat_pruning_setting, refuse_pruning_before_encoder_dispatch
+from sglang_evs.plugin import carry_chat_pruning_setting
+from sglang_evs.pruning.disaggregated import carry_pruning_to_encoders
 from sglang_evs.pruning.settings import (
     NO_PRUNING,
     Pruning,
@@ -108,8 +109,12 @@ def test_an_eagle3_draft_prunes_only_where_it_reads_mrope_positions(draft_config
     [
         ({}, None),
         ({"speculative_algorithm": None, "encoder_only": False, "language_only": False}, None),
-        ({"encoder_only": True}, "encoder disaggregation (--encoder-only)"),
-        ({"language_only": True}, "encoder disaggregation (--language-only)"),
+        ({"encoder_only": True}, None),  # prunes on the encoder (pruning/disaggregated.py)
+        ({"language_only": True, "encoder_transfer_backend": "auto"}, None),
+        (
+            {"language_only": True, "encoder_transfer_backend": "mooncake"},
+            "encoder disaggregation (--language-only) over --encoder-transfer-backend mooncake",
+        ),
         ({"disaggregation_mode": "null"}, None),
         ({"disaggregation_mode": "prefill"}, "prefill/decode disaggregation (--disaggregation-mode prefill)"),
         ({"disaggregation_mode": "decode"}, "prefill/decode disaggregation (--disaggregation-mode decode)"),
@@ -119,16 +124,33 @@ def test_conflicting_setup_names_what_pruning_cannot_run_with(server_args, confl
     assert conflicting_setup(SimpleNamespace(**server_args)) == conflict
 
 
-def test_a_language_only_server_refuses_a_pruning_request_before_dispatching_it_to_an_encoder():
-    tokenizer_manager = SimpleNamespace(server_args=SimpleNamespace(language_only=True))
+def language_server(default: dict | None = None, transport: str = "auto") -> SimpleNamespace:
+    return SimpleNamespace(
+        server_args=SimpleNamespace(language_only=True, encoder_transfer_backend=transport),
+        model_config=SimpleNamespace(hf_config=config(**(default or {}))),
+    )
+
+
+def test_a_language_server_resolves_each_requests_pruning_before_dispatching_it_to_an_encoder():
+    tokenizer_manager = language_server({"video_pruning_rate": 0.5})
     asks = SimpleNamespace(mm_processor_kwargs={"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75})
-    with pytest.raises(ValueError, match=r"video_pruning_rate=0.75: video pruning \(vidcom2\).*\(--language-only\)"):
-        refuse_pruning_before_encoder_dispatch(tokenizer_manager, asks)
-    batch = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.5}])
-    with pytest.raises(ValueError, match="video_pruning_rate=0.5"):
-        refuse_pruning_before_encoder_dispatch(tokenizer_manager, batch)
-    for serves in (None, {"video_pruning_rate": 0.0}, [None, {"video_pruning_rate": 0}]):
-        refuse_pruning_before_encoder_dispatch(tokenizer_manager, SimpleNamespace(mm_processor_kwargs=serves))
+    carry_pruning_to_encoders(tokenizer_manager, asks)
+    assert asks.mm_processor_kwargs == {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75}
+    default = SimpleNamespace(mm_processor_kwargs=None)  # the language server's default, named
+    carry_pruning_to_encoders(tokenizer_manager, default)
+    assert default.mm_processor_kwargs == {"video_pruning_method": "evs", "video_pruning_rate": 0.5}
+    batch = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.25}])
+    carry_pruning_to_encoders(tokenizer_manager, batch)
+    assert [kw["video_pruning_rate"] for kw in batch.mm_processor_kwargs] == [0.5, 0.25]
+    with pytest.raises(ValueError, match="video_pruning_rate"):  # SGLang's HTTP 400, before anything is sent
+        carry_pruning_to_encoders(tokenizer_manager, SimpleNamespace(mm_processor_kwargs={"video_pruning_rate": 1.5}))
+
+
+def test_a_transport_that_cannot_carry_the_records_refuses_a_pruning_request():
+    tokenizer_manager = language_server(transport="mooncake")
+    with pytest.raises(ValueError, match=r"video_pruning_rate=0.75.*--encoder-transfer-backend mooncake"):
+        carry_pruning_to_encoders(tokenizer_manager, SimpleNamespace(mm_processor_kwargs={"video_pruning_rate": 0.75}))
+    carry_pruning_to_encoders(tokenizer_manager, SimpleNamespace(mm_processor_kwargs=None))  # q = 0 serves
 
 
 def test_the_server_default_is_evs_at_the_rate_given():

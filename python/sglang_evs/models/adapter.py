@@ -29,7 +29,7 @@ from sglang_evs.models.graph_inputs import (
 )
 from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
 from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
-from sglang_evs.pruning.settings import DISAGGREGATED_ROLES, refuse_unsupported, server_pruning
+from sglang_evs.pruning.settings import refuse_encoder_default, server_pruning
 from sglang_evs.pruning.videos import PrunedVideos
 
 logger = logging.getLogger(__name__)
@@ -46,8 +46,8 @@ class AdaptedModel:
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__(config, quant_config, prefix)
         if getattr(config, "encoder_only", False):  # an `--encoder-only` server: a vision tower, no language model
-            refuse_unsupported(server_pruning(config), DISAGGREGATED_ROLES["encoder_only"])
-            self.pruned_videos = None
+            refuse_encoder_default(server_pruning(config))
+            self.pruned_videos = None  # it prunes what requests ask (pruning/disaggregated.py), in the encoder
             return
         encode = super().get_video_feature if self.prunes_videos else None
         attach(self, config, self.language_model_cls, getattr(self, "num_deepstack_embeddings", 0), encode)

@@ -11,6 +11,7 @@ import time
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
+from sglang_evs.pruning.disaggregated import RECORDS, lay_out_pruned
 from sglang_evs.pruning.regions import prune_video_regions
 from sglang_evs.pruning.settings import conflicting_setup, refuse_unsupported, request_pruning, server_pruning
 from sglang_evs.pruning.usage import record_usage
@@ -47,6 +48,19 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
             self.pruning.method.name,
             self.pruning.rate,
         )
+
+    def get_mm_data(self, prompt, embeddings, **kwargs):
+        """A `--language-only` server's layout of a request whose rows came from encoder servers: where
+        they pruned a video (its record says so), the prompt is laid out unpruned over stand-in rows and
+        the pruned pads deleted (`disaggregated.lay_out_pruned`)."""
+        records = kwargs.pop(RECORDS, None)
+        if not records or all(record["kept"] is None for record in records):
+            return super().get_mm_data(prompt, embeddings, **kwargs)
+        video = sglang.Modality.VIDEO
+        rows = embeddings[video]
+        stand_in = rows.new_zeros(1, rows.shape[1]).expand(sum(record["tokens"] for record in records), -1)
+        output = super().get_mm_data(prompt, {**embeddings, video: stand_in}, **kwargs)
+        return lay_out_pruned(output, records, rows, self.mm_tokens.video_token_id)
 
     async def load_mm_data(self, *args, **kwargs):
         loaded = await super().load_mm_data(*args, **kwargs)

@@ -82,9 +82,9 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     - speculative decoding with a draft that does not read the target's positions
       (`draft_reads_target_positions`), or under pipeline parallelism (the draft runs on the last stage,
       which learns the pruned positions for the target's forward only);
-    - encoder disaggregation: a `--language-only` server takes its media embeddings from an
-      `--encoder-only` one, unpruned, and lays the prompt out from the grid alone, so neither the
-      pruned layout nor the keep-mask would be built (a request's rate would be silently ignored);
+    - encoder disaggregation over a transport other than SGLang's default `zmq_to_scheduler` (the
+      encoder prunes and sends a record per video with the kept rows, `pruning/disaggregated.py`;
+      Mooncake publishes the row counts before the encoder has run);
     - prefill/decode disaggregation: never run with pruning (SGLang's KV transfer engines need RDMA or a
       GPU; its prefill server refuses the test backend), so not proven exact.
     """
@@ -96,7 +96,15 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     mode = getattr(server_args, "disaggregation_mode", "null")
     if mode in ("prefill", "decode"):
         return f"prefill/decode disaggregation (--disaggregation-mode {mode})"
-    return next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
+    role = next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
+    transport = getattr(server_args, "encoder_transfer_backend", PRUNING_TRANSPORT)
+    if role is not None and transport not in (PRUNING_TRANSPORT, "auto"):  # auto: zmq_to_scheduler for ours
+        return f"{role} over --encoder-transfer-backend {transport}"
+    return None
+
+
+# The encoder transport that carries a video's pruning record with its kept rows (pruning/disaggregated.py).
+PRUNING_TRANSPORT = "zmq_to_scheduler"
 
 
 EAGLE3_DRAFT = "LlamaForCausalLMEagle3"  # SGLang 0.5.23's EAGLE3 draft; it reads M-RoPE where its config has them
@@ -140,6 +148,16 @@ DISAGGREGATED_ROLES = {
     "encoder_only": "encoder disaggregation (--encoder-only)",
     "language_only": "encoder disaggregation (--language-only)",
 }
+
+
+def refuse_encoder_default(pruning: Pruning) -> None:
+    """An `--encoder-only` server prunes as each request asks, over the language server's default: a default
+    of its own would never be read, so it is refused naming the setting."""
+    if pruning.prunes:
+        raise ValueError(
+            f"{PRUNING_RATE_SETTING}={pruning.rate}: an encoder server (--encoder-only) prunes as each request "
+            "asks, over its language server's default; set the pruning default on the --language-only server"
+        )
 
 
 def refuse_unsupported(pruning: Pruning, conflict: str | None) -> None:
