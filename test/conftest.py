@@ -32,6 +32,15 @@ def load_benchmark(name: str) -> ModuleType:
     return module
 
 
+def assert_same_generation(got, want, tolerance: float, context: str) -> None:
+    """Two greedy generations (`testing.requests.Generation`): the same tokens and prompt tokens, logprobs
+    within `tolerance`."""
+    assert got.output_ids == want.output_ids, context
+    assert got.prompt_tokens == want.prompt_tokens, context
+    gap = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True))
+    assert gap <= tolerance, f"{context}: logprobs {gap:.2e} apart"
+
+
 def build_cached_model(
     profile: str = "tiny", architecture: str | None = None, overrides: dict | None = None, variant: str = ""
 ) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from conftest import assert_same_generation
 from sglang_evs import trace
 from sglang_evs.methods import EVS
 from sglang_evs.testing import media
@@ -160,10 +161,7 @@ def served(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict:
 
 
 def assert_same(got: Generation, want: Generation, context: str) -> None:
-    assert got.output_ids == want.output_ids, context
-    assert got.prompt_tokens == want.prompt_tokens, context
-    gap = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True))
-    assert gap <= TOLERANCE, f"{context}: logprobs {gap:.2e} apart"
+    assert_same_generation(got, want, TOLERANCE, context)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))

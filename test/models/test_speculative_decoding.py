@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import assert_same_generation
 from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import (
@@ -159,10 +160,7 @@ def serve_qwen3_5(servers, all_cases: dict, clips: dict[str, Path], out: Path) -
 
 
 def assert_same(got: Generation, want: Generation, context: str) -> None:
-    assert got.output_ids == want.output_ids, context
-    assert got.prompt_tokens == want.prompt_tokens, context
-    gap = max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True))
-    assert gap <= SPECULATION_TOLERANCE, f"{context}: logprobs {gap:.2e} apart"
+    assert_same_generation(got, want, SPECULATION_TOLERANCE, context)
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))

@@ -240,20 +240,32 @@ def _one_token_each(
     use_qk_l2norm: bool,
 ) -> torch.Tensor:
     """The usual decode batch, one token per sequence, all sequences at once (shapes as above, N == T)."""
-    group = v.shape[2] // q.shape[2]
-    q, k = q[0].float(), k[0].float()
-    if use_qk_l2norm:
-        q, k = _l2_normalize(q), _l2_normalize(k)
-    q = (q * q.shape[-1] ** -0.5).repeat_interleave(group, dim=1)  # [N, HV, K]
-    k = k.repeat_interleave(group, dim=1)
+    q, k = _per_value_head(q, k, v.shape[2], use_qk_l2norm)  # [N, HV, K]
     slots = slots.long()
     valid = slots >= 0
     state = state_pool[slots.clamp(min=0)].float() * valid.view(-1, 1, 1, 1)  # [N, HV, V, K]
-    state = state * g[0].exp().view(*g.shape[1:], 1, 1)
-    correction = beta[0].float().unsqueeze(-1) * (v[0].float() - (state @ k.unsqueeze(-1)).squeeze(-1))  # [N, HV, V]
-    state = state + correction.unsqueeze(-1) * k.unsqueeze(-2)
+    out, state = _delta_rule_step(state, q, k, v[0], g[0], beta[0])
     state_pool[slots[valid]] = state[valid].to(state_pool.dtype)
-    return (state @ q.unsqueeze(-1)).squeeze(-1).unsqueeze(0).to(v.dtype)
+    return out.unsqueeze(0).to(v.dtype)
+
+
+def _per_value_head(q: torch.Tensor, k: torch.Tensor, heads_v: int, use_qk_l2norm: bool):
+    """q, k [1, T, H, K] -> float32 [T, HV, K] each, repeated per value head (GQA); q scaled by
+    K ** -0.5 after the optional L2 norm."""
+    group = heads_v // q.shape[2]
+    q, k = q[0].float(), k[0].float()
+    if use_qk_l2norm:
+        q, k = _l2_normalize(q), _l2_normalize(k)
+    return (q * q.shape[-1] ** -0.5).repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
+
+
+def _delta_rule_step(state, q, k, v, g, beta) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: state [..., HV, V, K]; q, k [..., HV, K]; v [..., HV, V]; g, beta [..., HV].
+    Returns (output [..., HV, V], the state after the token), float32."""
+    state = state * g.exp()[..., None, None]
+    correction = beta.float()[..., None] * (v.float() - (state @ k.unsqueeze(-1)).squeeze(-1))
+    state = state + correction.unsqueeze(-1) * k.unsqueeze(-2)
+    return (state @ q.unsqueeze(-1)).squeeze(-1), state
 
 
 def causal_conv1d_verify(
@@ -321,23 +333,15 @@ def sigmoid_gated_delta_rule_verify(
     g, beta = gdn_gating(
         A_log, a.reshape(-1, heads_v), b.reshape(-1, heads_v), dt_bias, softplus_beta, softplus_threshold
     )
-    group = heads_v // q.shape[2]
-    qf, kf = q[0].float(), k[0].float()
-    if use_qk_l2norm:
-        qf, kf = _l2_normalize(qf), _l2_normalize(kf)
-    qf = (qf * qf.shape[-1] ** -0.5).repeat_interleave(group, dim=1)  # [T, HV, K]
-    kf = kf.repeat_interleave(group, dim=1)
+    qf, kf = _per_value_head(q, k, heads_v, use_qk_l2norm)  # [T, HV, K]
     out = torch.empty(v.shape, dtype=v.dtype)
     bounds = starts.tolist()
     for i, slot in enumerate(slots.tolist()):
         state = state_pool[slot].float() if slot >= 0 else torch.zeros(state_pool.shape[1:])
         row = -1 if step_states is None else int(step_rows[i])
         for step, t in enumerate(range(bounds[i], bounds[i + 1])):
-            state = state * g[0, t].exp().view(heads_v, 1, 1)
-            predicted = (state @ kf[t].unsqueeze(-1)).squeeze(-1)  # [HV, V]
-            correction = beta[0, t].float().view(heads_v, 1) * (v[0, t].float() - predicted)
-            state = state + correction.unsqueeze(-1) * kf[t].unsqueeze(-2)
-            out[0, t] = (state @ qf[t].unsqueeze(-1)).squeeze(-1).to(v.dtype)
+            token_out, state = _delta_rule_step(state, qf[t], kf[t], v[0, t], g[0, t], beta[0, t])
+            out[0, t] = token_out.to(v.dtype)
             if row >= 0:
                 step_states[row, step] = state.to(step_states.dtype)
         if write_back and slot >= 0:

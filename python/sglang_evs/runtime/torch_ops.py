@@ -146,41 +146,17 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
     after each token at intermediate_state_indices [N]. Returns [1, T, HV, V]."""
     if is_kda:
         raise NotImplementedError("fused_sigmoid_gating_delta_rule_update_cpu: Kimi delta attention (is_kda)")
+    pool, slots, starts, l2norm = initial_state_source, initial_state_indices, cu_seqlens, use_qk_l2norm_in_kernel
+    inputs = (A_log, dt_bias, q, k, v, a, b, pool, slots, starts, l2norm, softplus_beta, softplus_threshold)
     if disable_state_update or intermediate_states_buffer is not None:
         require_chain(None, retrieve_parent_token)
         return gdn.sigmoid_gated_delta_rule_verify(
-            A_log,
-            dt_bias,
-            q,
-            k,
-            v,
-            a,
-            b,
-            initial_state_source,
-            initial_state_indices,
-            cu_seqlens,
-            use_qk_l2norm_in_kernel,
-            softplus_beta,
-            softplus_threshold,
+            *inputs,
             write_back=not disable_state_update,
             step_states=intermediate_states_buffer,
             step_rows=intermediate_state_indices,
         )
-    return gdn.sigmoid_gated_delta_rule_update(
-        A_log,
-        dt_bias,
-        q,
-        k,
-        v,
-        a,
-        b,
-        initial_state_source,
-        initial_state_indices,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel,
-        softplus_beta,
-        softplus_threshold,
-    )
+    return gdn.sigmoid_gated_delta_rule_update(*inputs)
 
 
 GDN_CPU_IMPLS = {
