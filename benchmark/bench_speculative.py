@@ -68,6 +68,52 @@ def body(clip: Path, rate: float, tokens: int) -> dict:
             "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}  # fmt: skip
 
 
+def measure(servers: dict[bool, str], clip: Path, rate: float, rounds: int, tokens: int) -> dict[str, list[dict]]:
+    """`servers`: speculating? -> base URL. One warm-up request per configuration, then `rounds` rounds of
+    all four, their order rotating. Returns each configuration's `timed` samples."""
+    names = list(CONFIGS)
+    samples: dict[str, list[dict]] = {name: [] for name in names}
+    for round_index in range(-1, rounds):  # round -1: the warm-up, not kept
+        for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
+            speculating, configured = CONFIGS[name]
+            sample = timed(servers[speculating], body(clip, rate if configured is None else configured, tokens))
+            if round_index >= 0:
+                samples[name].append(sample)
+    return samples
+
+
+def summarize(samples: dict[str, list[dict]]) -> dict:
+    """Per configuration: medians, prompt tokens, mean acceptance length, and the per-round ratios to
+    `neither` (geometric mean, 95 % interval)."""
+    baseline = samples["neither"]
+    out = {}
+    for name, runs in samples.items():
+        accepted = [r["accept_length"] for r in runs if r["accept_length"] is not None]
+        out[name] = {
+            "median_ttft_ms": statistics.median(r["ttft_ms"] for r in runs),
+            "median_tpot_ms": statistics.median(r["tpot_ms"] for r in runs),
+            "prompt_tokens": runs[0]["prompt_tokens"],
+            "mean_accept_length": statistics.fmean(accepted) if accepted else None,
+            "ttft_vs_neither": round_ratio([r["ttft_ms"] for r in baseline], [r["ttft_ms"] for r in runs]),
+            "tpot_vs_neither": round_ratio([r["tpot_ms"] for r in baseline], [r["tpot_ms"] for r in runs]),
+        }
+    return out
+
+
+def print_table(configs: dict) -> None:
+    print(f"{'':15s} {'prompt':>6s} {'accept':>6s} {'TTFT ms':>8s} {'vs neither (95 %)':>22s} "
+          f"{'TPOT ms':>8s} {'vs neither (95 %)':>22s}")  # fmt: skip
+    for name, row in configs.items():
+        accept = "-" if row["mean_accept_length"] is None else f"{row['mean_accept_length']:.2f}"
+        cells = []
+        for key in ("ttft", "tpot"):
+            ratio = row[f"{key}_vs_neither"]
+            low, high = ratio["low"], ratio["high"]
+            interval = "" if low is None else f" ({low:.2f}-{high:.2f})"
+            cells.append(f"{row[f'median_{key}_ms']:8.1f} {ratio['geometric_mean']:>9.2f}x{interval:>12s}")
+        print(f"{name:15s} {row['prompt_tokens']:6d} {accept:>6s} {cells[0]} {cells[1]}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None)
@@ -97,45 +143,17 @@ def main(argv: list[str] | None = None) -> dict:
     common = ["--disable-radix-cache", *([] if args.device == "cpu" else ["--device", args.device])]
     env = {"SGLANG_MAMBA_CONV_DTYPE": "float32"} if args.device == "cpu" else None
 
-    samples: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     with (
         serving(model, args.workdir / "speculating.log", [*common, *NEXTN], env) as speculating,
         serving(model, args.workdir / "plain.log", common, env) as plain,
     ):
-        servers = {True: speculating.base_url, False: plain.base_url}
-        names = list(CONFIGS)
-        for name in names:  # warm-up, not measured
-            spec, rate = CONFIGS[name]
-            timed(servers[spec], body(clip, args.rate if rate is None else rate, args.tokens))
-        for i in range(args.rounds):
-            for name in names[i % len(names) :] + names[: i % len(names)]:
-                spec, rate = CONFIGS[name]
-                samples[name].append(timed(servers[spec], body(clip, args.rate if rate is None else rate, args.tokens)))
-
-    result: dict = {"model": str(model), "rate": args.rate, "rounds": args.rounds, "tokens": args.tokens,
-                    "configs": {}}  # fmt: skip
-    for name, runs in samples.items():
-        accepted = [r["accept_length"] for r in runs if r["accept_length"] is not None]
-        result["configs"][name] = {
-            "median_ttft_ms": statistics.median(r["ttft_ms"] for r in runs),
-            "median_tpot_ms": statistics.median(r["tpot_ms"] for r in runs),
-            "prompt_tokens": runs[0]["prompt_tokens"],
-            "mean_accept_length": statistics.fmean(accepted) if accepted else None,
-            "ttft_vs_neither": round_ratio([r["ttft_ms"] for r in samples["neither"]], [r["ttft_ms"] for r in runs]),
-            "tpot_vs_neither": round_ratio([r["tpot_ms"] for r in samples["neither"]], [r["tpot_ms"] for r in runs]),
-        }
+        samples = measure(
+            {True: speculating.base_url, False: plain.base_url}, clip, args.rate, args.rounds, args.tokens
+        )
+    result = {"model": str(model), "rate": args.rate, "rounds": args.rounds, "tokens": args.tokens,
+              "configs": summarize(samples)}  # fmt: skip
     print(f"{args.rounds} rounds, {args.tokens} output tokens, q = {args.rate}, {model}")
-    print(f"{'':15s} {'prompt':>6s} {'accept':>6s} {'TTFT ms':>8s} {'vs neither (95 %)':>22s} "
-          f"{'TPOT ms':>8s} {'vs neither (95 %)':>22s}")  # fmt: skip
-    for name, row in result["configs"].items():
-        accept = "-" if row["mean_accept_length"] is None else f"{row['mean_accept_length']:.2f}"
-        cells = []
-        for key in ("ttft", "tpot"):
-            ratio = row[f"{key}_vs_neither"]
-            low, high = ratio["low"], ratio["high"]
-            interval = "" if low is None else f" ({low:.2f}-{high:.2f})"
-            cells.append(f"{row[f'median_{key}_ms']:8.1f} {ratio['geometric_mean']:>9.2f}x{interval:>12s}")
-        print(f"{name:15s} {row['prompt_tokens']:6d} {accept:>6s} {cells[0]} {cells[1]}")
+    print_table(result["configs"])
     if args.output:
         args.output.write_text(json.dumps(result, indent=2))
     return result

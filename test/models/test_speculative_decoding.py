@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_same_generation
+from conftest import assert_same_generation, load_benchmark
 from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import (
@@ -91,6 +91,7 @@ class Served:
     traced_kept: list[int] = field(default_factory=list)  # its keep-mask (kept pad indices)
     traced_clip: Path | None = None
     moe: dict[str, Generation] = field(default_factory=dict)  # "speculating" / "plain"
+    benchmark: dict = field(default_factory=dict)  # benchmark/bench_speculative.py's summary
 
 
 def mixed(all_cases: dict[str, tuple[str, dict]]) -> list[tuple[str, dict, float]]:
@@ -153,6 +154,10 @@ def serve_qwen3_5(servers, all_cases: dict, clips: dict[str, Path], out: Path) -
     served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
     served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
 
+    bench = load_benchmark("bench_speculative")  # its measurement, on this module's two Qwen3.5 servers
+    samples = bench.measure({True: speculating.base_url, False: plain.base_url}, clips["moving"], 0.75, 2, 6)
+    served.benchmark = bench.summarize(samples)
+
     moe_case = (chat_prompt(VIDEO), media_kwargs(videos=[clips["noise"]]))
     served.moe["speculating"] = ask(moe_speculating.base_url, moe_case, per_request_rate(0.75))
     served.moe["plain"] = ask(moe_plain.base_url, moe_case, per_request_rate(0.75))
@@ -205,6 +210,20 @@ def test_eight_concurrent_mixed_requests_equal_each_served_alone_without_specula
     assert cached < prompt // 4
     for i, (got, want) in enumerate(zip(served.mixed_together, served.mixed_alone, strict=True)):
         assert_same(got, want, f"mixed request {i}")
+
+
+def test_the_benchmark_measures_mtp_and_pruning_alone_and_together(served):
+    configs = served.benchmark
+    assert list(configs) == ["neither", "pruning", "MTP", "MTP + pruning"]
+    # pruning shortens the prompt, speculation does not; only the speculating server reports acceptance
+    assert configs["pruning"]["prompt_tokens"] == configs["MTP + pruning"]["prompt_tokens"]
+    assert configs["pruning"]["prompt_tokens"] < configs["neither"]["prompt_tokens"] == configs["MTP"]["prompt_tokens"]
+    assert configs["neither"]["mean_accept_length"] is None and configs["pruning"]["mean_accept_length"] is None
+    assert configs["MTP"]["mean_accept_length"] > 1 and configs["MTP + pruning"]["mean_accept_length"] > 1
+    for row in configs.values():
+        for key in ("ttft_vs_neither", "tpot_vs_neither"):
+            assert len(row[key]["per_round"]) == 2
+            assert row[key]["low"] <= row[key]["geometric_mean"] <= row[key]["high"]
 
 
 def test_moe_speculation_gives_the_tokens_of_no_speculation(served):
