@@ -124,6 +124,15 @@ def test_conflicting_setup_names_what_pruning_cannot_run_with(server_args, confl
     assert conflicting_setup(SimpleNamespace(**server_args)) == conflict
 
 
+def test_encoder_disaggregation_of_a_family_whose_encoder_path_is_not_exact_refuses_pruning():
+    qwen2_5_vl = SimpleNamespace(architectures=["Qwen2_5_VLForConditionalGeneration"])
+    conflict = conflicting_setup(SimpleNamespace(language_only=True), qwen2_5_vl)
+    assert conflict.startswith("encoder disaggregation (--language-only) of Qwen2_5_VLForConditionalGeneration")
+    assert conflicting_setup(SimpleNamespace(), qwen2_5_vl) is None  # one server prunes it
+    qwen3_vl = SimpleNamespace(architectures=["Qwen3VLForConditionalGeneration"])
+    assert conflicting_setup(SimpleNamespace(language_only=True), qwen3_vl) is None
+
+
 def language_server(default: dict | None = None, transport: str = "auto") -> SimpleNamespace:
     return SimpleNamespace(
         server_args=SimpleNamespace(language_only=True, encoder_transfer_backend=transport),

@@ -180,6 +180,11 @@ def kept_counts(grids: list, settings: list[dict], spatial_merge_size: int) -> l
     return counts
 
 
+def _spatial_merge_size(encoder) -> int:
+    """The checkpoint's vision merge size (the encoder's model may hold only the text config, as Qwen3.5's)."""
+    return int(encoder.model_config.hf_config.vision_config.spatial_merge_size)
+
+
 def _grids(context) -> list[list[int]]:
     return [[int(v) for v in grid] for grid in context.preprocess_result.grid_thw]
 
@@ -191,7 +196,7 @@ async def publish_pruned_sizes(original, encoder, context, requests, *args, **kw
     if settings is None:
         return await original(encoder, context, requests, *args, **kwargs)
     full = context.preprocess_result.token_counts
-    merge = encoder.model.config.vision_config.spatial_merge_size
+    merge = _spatial_merge_size(encoder)
     context.preprocess_result.token_counts = kept_counts(_grids(context), settings, merge)
     try:
         return await original(encoder, context, requests, *args, **kwargs)
@@ -206,7 +211,7 @@ async def prune_on_encoder(original, encoder, context, *args, **kwargs):
     settings = context.aux_data.pop(ENCODER_SETTINGS, None)
     if rows is None or settings is None:
         return rows
-    merge = encoder.model.config.vision_config.spatial_merge_size
+    merge = _spatial_merge_size(encoder)
     kept, counts, records = prune_encoded_videos(rows, _grids(context), settings, merge)
     context.preprocess_result.token_counts = counts
     context.aux_data[RECORDS] = records
