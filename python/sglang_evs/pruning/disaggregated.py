@@ -21,7 +21,7 @@ from array import array
 import torch
 
 from sglang_evs import trace
-from sglang_evs.methods import METHODS, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING, grid_tokens
+from sglang_evs.methods import DEFAULT_METHOD, METHODS, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING, grid_tokens
 from sglang_evs.pruning.settings import (
     Pruning,
     conflicting_setup,
@@ -56,7 +56,8 @@ def prune_encoded_videos(
         tokens = t * h * w // spatial_merge_size**2
         video = rows[start : start + tokens]
         start += tokens
-        method, rate = setting.get(PRUNING_METHOD_SETTING, "evs"), float(setting.get(PRUNING_RATE_SETTING) or 0.0)
+        method = setting.get(PRUNING_METHOD_SETTING, DEFAULT_METHOD.name)
+        rate = float(setting.get(PRUNING_RATE_SETTING) or 0.0)
         if rate <= 0:
             kept_rows.append(video)
             counts.append(tokens)
@@ -175,7 +176,7 @@ def kept_counts(grids: list, settings: list[dict], spatial_merge_size: int) -> l
     for grid, setting in zip(grids, settings, strict=True):
         t, h, w = grid_tokens(grid, spatial_merge_size)
         rate = float(setting.get(PRUNING_RATE_SETTING) or 0.0)
-        method = METHODS[setting.get(PRUNING_METHOD_SETTING, "evs")]
+        method = METHODS[setting.get(PRUNING_METHOD_SETTING, DEFAULT_METHOD.name)]
         counts.append(method.retained_token_count(h * w, t, rate) if rate > 0 else t * h * w)
     return counts
 
