@@ -148,9 +148,12 @@ def test_a_language_server_resolves_each_requests_pruning_before_dispatching_it_
     default = SimpleNamespace(mm_processor_kwargs=None)  # the language server's default, named
     carry_pruning_to_encoders(tokenizer_manager, default)
     assert default.mm_processor_kwargs == {"video_pruning_method": "evs", "video_pruning_rate": 0.5}
-    batch = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.25}])
+    batch = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.5}])
     carry_pruning_to_encoders(tokenizer_manager, batch)
-    assert [kw["video_pruning_rate"] for kw in batch.mm_processor_kwargs] == [0.5, 0.25]
+    assert [kw["video_pruning_rate"] for kw in batch.mm_processor_kwargs] == [0.5, 0.5]
+    mixed = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.25}])
+    with pytest.raises(ValueError, match="one video_pruning_method and video_pruning_rate for all its prompts"):
+        carry_pruning_to_encoders(tokenizer_manager, mixed)  # its media go to the encoders as one request
     with pytest.raises(ValueError, match="video_pruning_rate"):  # SGLang's HTTP 400, before anything is sent
         carry_pruning_to_encoders(tokenizer_manager, SimpleNamespace(mm_processor_kwargs={"video_pruning_rate": 1.5}))
 

@@ -128,11 +128,17 @@ def carry_pruning_to_encoders(tokenizer_manager, request, *args, **kwargs):
     default = server_pruning(hf_config)
     conflict = conflicting_setup(tokenizer_manager.server_args, hf_config)
     given = request.mm_processor_kwargs  # a batch request may give one dict per sub-request
-    resolved = []
+    resolved, prunings = [], set()
     for settings in given if isinstance(given, list) else [given]:
         pruning = pruning_from(settings or {}, default)
         refuse_unsupported(pruning, conflict)
+        prunings.add(pruning)
         resolved.append({**(settings or {}), **settings_for_encoder(pruning)})
+    if len(prunings) > 1:  # SGLang sends a batch's media to the encoders as one request
+        raise ValueError(
+            f"a batch request under encoder disaggregation takes one {PRUNING_METHOD_SETTING} and "
+            f"{PRUNING_RATE_SETTING} for all its prompts; send prompts that differ as separate requests"
+        )
     request.mm_processor_kwargs = resolved if isinstance(given, list) else resolved[0]
 
 
@@ -140,8 +146,8 @@ def settings_to_video_entries(result: list, receiver, request_obj, *args, **kwar
     """AFTER hook on the language server's list of media entries for the encoders: each video entry
     carries the request's method and rate (`carry_pruning_to_encoders` resolved them)."""
     settings = request_obj.mm_processor_kwargs
-    if isinstance(settings, list):
-        settings = settings[0] if len(settings) == 1 else None
+    if isinstance(settings, list):  # a batch: one setting for all (carry_pruning_to_encoders)
+        settings = settings[0] if settings else None
     if not settings or PRUNING_RATE_SETTING not in settings:
         return result
     for entry in result:
