@@ -44,6 +44,12 @@ def settings_for_encoder(pruning: Pruning) -> dict:
     return {PRUNING_METHOD_SETTING: pruning.method.name, PRUNING_RATE_SETTING: pruning.rate}
 
 
+def video_pruning(setting: dict):
+    """A video entry's settings (`settings_for_encoder`, {} for none) -> (its method, its rate)."""
+    method = METHODS[setting.get(PRUNING_METHOD_SETTING, DEFAULT_METHOD.name)]
+    return method, float(setting.get(PRUNING_RATE_SETTING) or 0.0)
+
+
 def prune_encoded_videos(
     rows: torch.Tensor, grids: list, settings: list[dict], spatial_merge_size: int
 ) -> tuple[torch.Tensor, list[int], list[dict]]:
@@ -52,21 +58,19 @@ def prune_encoded_videos(
     kept_rows, counts, records = [], [], []
     start = 0
     for grid, setting in zip(grids, settings, strict=True):
-        t, h, w = (int(v) for v in grid)
-        tokens = t * h * w // spatial_merge_size**2
-        video = rows[start : start + tokens]
-        start += tokens
-        method = setting.get(PRUNING_METHOD_SETTING, DEFAULT_METHOD.name)
-        rate = float(setting.get(PRUNING_RATE_SETTING) or 0.0)
+        t, h, w = grid_tokens(grid, spatial_merge_size)
+        video = rows[start : start + t * h * w]
+        start += t * h * w
+        method, rate = video_pruning(setting)
         if rate <= 0:
             kept_rows.append(video)
-            counts.append(tokens)
-            records.append(video_record(method, 0.0, None, tokens))
+            counts.append(t * h * w)
+            records.append(video_record(method.name, 0.0, None, t * h * w))
             continue
-        mask = METHODS[method].retention_mask(video, (t, h, w), spatial_merge_size, rate)
+        mask = method.retention_mask(video, grid, spatial_merge_size, rate)
         kept_rows.append(video[mask])
         counts.append(int(mask.sum()))
-        records.append(video_record(method, rate, mask.nonzero().flatten().tolist(), tokens))
+        records.append(video_record(method.name, rate, mask.nonzero().flatten().tolist(), t * h * w))
     if start != rows.shape[0]:
         raise ValueError(f"{rows.shape[0]} encoded rows for videos of {start} tokens")
     return torch.cat(kept_rows) if kept_rows else rows, counts, records
@@ -181,8 +185,7 @@ def kept_counts(grids: list, settings: list[dict], spatial_merge_size: int) -> l
     counts = []
     for grid, setting in zip(grids, settings, strict=True):
         t, h, w = grid_tokens(grid, spatial_merge_size)
-        rate = float(setting.get(PRUNING_RATE_SETTING) or 0.0)
-        method = METHODS[setting.get(PRUNING_METHOD_SETTING, DEFAULT_METHOD.name)]
+        method, rate = video_pruning(setting)
         counts.append(method.retained_token_count(h * w, t, rate) if rate > 0 else t * h * w)
     return counts
 

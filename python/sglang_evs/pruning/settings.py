@@ -11,6 +11,7 @@ over those `mm_processor_kwargs` does not name. `video_retention_ratio` (this pr
 VidCom2 setting) is refused with what to write instead.
 """
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -138,8 +139,10 @@ def draft_reads_target_positions(server_args, hf_config) -> bool:
     return False
 
 
+@functools.cache
 def _checkpoint_config(path: str) -> dict:
-    """A checkpoint's config.json as a dict ({} where it cannot be read here)."""
+    """A checkpoint's config.json as a dict ({} where it cannot be read here); read once per path (a
+    language server asks for every request it dispatches to its encoders). Not to be modified."""
     local = Path(path) / "config.json"
     if local.is_file():
         return json.loads(local.read_text())
