@@ -115,6 +115,16 @@ def tiny_gemma3_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_glm4v_dir() -> Path:
+    return build_cached_model("tiny", "Glm4vForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def tiny_glm4v_moe_dir() -> Path:
+    return build_cached_model("tiny", "Glm4vMoeForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
 def tiny_llava_dir() -> Path:
     return build_cached_model("tiny", "LlavaForConditionalGeneration")
 

@@ -10,11 +10,14 @@ import torch
 from sglang_evs.testing import tiny_model
 from sglang_evs.testing.requests import (
     GEMMA3_IMAGE,
+    GLM4V_IMAGE,
+    GLM4V_VIDEO,
     IMAGE,
     LLAVA_IMAGE,
     VIDEO,
     chat_prompt,
     gemma3_chat_prompt,
+    glm4v_chat_prompt,
     llava_chat_prompt,
 )
 
@@ -31,12 +34,17 @@ OTHER_FAMILIES = {
     "Gemma3ForConditionalGeneration": ("tiny_gemma3_dir", gemma3_chat_prompt, GEMMA3_IMAGE),
     "LlavaForConditionalGeneration": ("tiny_llava_dir", llava_chat_prompt, LLAVA_IMAGE),
 }
+# GLM-4.1V and GLM-4.5V: their own processor, tokenizer and video layout (pruned through the same mechanism).
+GLM_FIXTURES = {
+    "Glm4vForConditionalGeneration": "tiny_glm4v_dir",
+    "Glm4vMoeForConditionalGeneration": "tiny_glm4v_moe_dir",
+}
 # Far above float32 rounding (~1e-5 on logits of size ~10): the pixels reach the output.
 PIXEL_EFFECT = 0.1
 
 
 def test_every_architecture_has_a_fixture():
-    assert set(FIXTURES) | set(OTHER_FAMILIES) == set(tiny_model.ARCHITECTURES)
+    assert set(FIXTURES) | set(OTHER_FAMILIES) | set(GLM_FIXTURES) == set(tiny_model.ARCHITECTURES)
     assert set(FIXTURES) == set(tiny_model.QWEN_ARCHITECTURES)
 
 
@@ -93,6 +101,46 @@ def test_image_and_video_forwards_depend_on_the_pixels(checkpoint):
 
     assert (last_logits(images=[_image(0)]) - last_logits(images=[_image(1)])).abs().max() > PIXEL_EFFECT
     assert (last_logits(videos=[_clip(0)]) - last_logits(videos=[_clip(1)])).abs().max() > PIXEL_EFFECT
+
+
+@pytest.mark.parametrize("architecture", list(GLM_FIXTURES))
+def test_glm4v_loads_in_transformers_and_lays_videos_out_per_group(architecture, request):
+    """The chat template writes the prompt the tests send; every weight loads; a video becomes one image-token
+    run per temporal group, each followed by its timestamp, between the video markers; pixels reach the output."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    path = request.getfixturevalue(GLM_FIXTURES[architecture])
+    config, processor = AutoConfig.from_pretrained(path), AutoProcessor.from_pretrained(path)
+    tok = processor.tokenizer
+    assert config.architectures == [architecture]
+    assert config.text_config.vocab_size == len(tok)
+    assert tok.convert_tokens_to_ids("<|image|>") == config.image_token_id
+    assert tok.convert_tokens_to_ids("<|begin_of_video|>") == config.video_start_token_id
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "image"}, {"type": "text", "text": "hi"}]}]
+    prompt = glm4v_chat_prompt(GLM4V_VIDEO, GLM4V_IMAGE, text="hi")
+    assert processor.apply_chat_template(messages, add_generation_prompt=True) == prompt
+
+    model, loading = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    model.eval()
+    assert type(model).__name__ == architecture
+    assert not any(loading.values()), loading
+
+    def last_logits(seed: int) -> torch.Tensor:
+        clip = np.random.default_rng(seed).integers(0, 256, (8, 112, 112, 3), dtype=np.uint8)
+        metadata = VideoMetadata(total_num_frames=8, fps=2.0, duration=4.0, frames_indices=list(range(8)))
+        inputs = processor(text=[glm4v_chat_prompt(GLM4V_VIDEO)], videos=[clip], video_metadata=[metadata],
+                           do_sample_frames=False, return_tensors="pt")  # fmt: skip
+        text = tok.decode(inputs["input_ids"][0])
+        for second in range(4):  # 8 frames at 2 fps: 4 groups of 2 frames, 16 tokens each
+            assert f"<|begin_of_image|>{'<|image|>' * 16}<|end_of_image|>{second}" in text
+        assert (inputs["input_ids"] == config.image_token_id).sum() == 64
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, -1]
+        assert torch.isfinite(logits).all()
+        return logits
+
+    assert (last_logits(0) - last_logits(1)).abs().max() > PIXEL_EFFECT
 
 
 @pytest.fixture(params=list(OTHER_FAMILIES))

@@ -33,6 +33,16 @@ def llava_chat_prompt(*images: str, text: str = "Describe this.") -> str:
     return f"<s>[INST]{''.join(images)}{text}[/INST]"
 
 
+GLM4V_IMAGE = "<|begin_of_image|><|image|><|end_of_image|>"
+GLM4V_VIDEO = "<|begin_of_video|><|video|><|end_of_video|>"
+
+
+def glm4v_chat_prompt(*media: str, text: str = "Describe this.") -> str:
+    """The tiny GLM-4.1V / GLM-4.5V's chat template, written out: GLM4V_IMAGE / GLM4V_VIDEO placeholders,
+    then the text."""
+    return f"[gMASK]<sop><|user|>\n{''.join(media)}{text}<|assistant|>\n"
+
+
 def pruning_setting(rate: float, method: str = "evs") -> dict:
     """The settings that prune at ``rate`` with ``method``: ``{"video_pruning_method": method,
     "video_pruning_rate": rate}``."""
