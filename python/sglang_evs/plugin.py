@@ -191,18 +191,18 @@ def route_embed_routine(upstream, *args, **kwargs):
 
 
 def register_processors(result, *args, **kwargs):
-    """AFTER hook on SGLang's import_processors: our pruning processor replaces the upstream one
-    for every architecture the plugin answers."""
+    """AFTER hook on SGLang's import_processors: the pruning processor of its family replaces the upstream
+    one for every architecture whose videos the plugin prunes."""
     from sglang_evs import sglang_compat as sglang
-    from sglang_evs.models.registry import upstream_classes
-    from sglang_evs.pruning.processor import PruningProcessor
+    from sglang_evs.models.registry import pruned_families
+    from sglang_evs.pruning.processor import pruning_processor
 
     mapping = sglang.PROCESSOR_MAPPING
-    models = upstream_classes()
-    names = {cls.__name__ for cls in models}
+    families = pruned_families()
+    names = {cls.__name__ for cls in families}
     for model_cls in [cls for cls in mapping if cls.__name__ in names]:
         del mapping[model_cls]
-    mapping.update(dict.fromkeys(models, PruningProcessor))
+    mapping.update({model_cls: pruning_processor(family) for model_cls, family in families.items()})
     return result
 
 

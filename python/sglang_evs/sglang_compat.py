@@ -44,6 +44,7 @@ INTERNALS: dict[str, str] = {
     "get_parallel": "sglang.srt.runtime_context:get_parallel",
     # multimodal processors (tokenizer process)
     "UpstreamQwenVLProcessor": "sglang.srt.multimodal.processors.qwen_vl:QwenVLImageProcessor",
+    "UpstreamGlm4vProcessor": "sglang.srt.multimodal.processors.glm4v:Glm4vImageProcessor",
     "PROCESSOR_MAPPING": "sglang.srt.managers.multimodal_processor:PROCESSOR_MAPPING",
     # Qwen3-VL
     "UpstreamQwen3VL": "sglang.srt.models.qwen3_vl:Qwen3VLForConditionalGeneration",
@@ -68,6 +69,11 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen2VL": "sglang.srt.models.qwen2_vl:Qwen2VLForConditionalGeneration",
     "UpstreamQwen2_5_VL": "sglang.srt.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
     "UpstreamQwen2Model": "sglang.srt.models.qwen2:Qwen2Model",
+    # GLM-4.1V, GLM-4.5V (dense and MoE GLM-4 language models)
+    "UpstreamGlm4v": "sglang.srt.models.glm4v:Glm4vForConditionalGeneration",
+    "UpstreamGlm4vMoe": "sglang.srt.models.glm4v_moe:Glm4vMoeForConditionalGeneration",
+    "UpstreamGlm4Model": "sglang.srt.models.glm4:Glm4Model",
+    "UpstreamGlm4MoeModel": "sglang.srt.models.glm4_moe:Glm4MoeModel",
     # EVS maths (pure torch), used by sglang_evs.methods.evs through resolve_file()
     "evs_core": "sglang.srt.multimodal.evs.evs_core:",
     # tools that run SGLang's pieces in their own process (visualize.py, bench/inprocess.py)

@@ -114,7 +114,7 @@ def test_a_forgotten_keep_mask_is_computed_again_by_encoding_the_video_again():
         return rows
 
     videos = PrunedVideos.__new__(PrunedVideos)
-    videos.video_token_id, videos.spatial_merge_size = video_token, 1
+    videos.pad_token_id, videos.spatial_merge_size = video_token, 1
     videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), encode
     videos.masks, videos.rank_group = OrderedDict(), None
     item = VideoItem(region_ids, [2, 2, 2], 0.5, start=3)

@@ -1,8 +1,9 @@
 """What every model adapter does, as one mixin (`AdaptedModel`) placed before the upstream class.
 
-An adapter (`qwen3_vl.py`, `qwen2_vl.py`, `qwen3_5.py`, `qwen3_vl_derived.py`) subclasses an
+An adapter (`qwen3_vl.py`, `qwen2_vl.py`, `qwen3_5.py`, `qwen3_vl_derived.py`, `glm4v.py`) subclasses an
 upstream SGLang model with this mixin first and declares only what differs between families:
-its language model class (upstream's plus `ReadsGraphInputs`) and whether its videos are pruned.
+its language model class (upstream's plus `ReadsGraphInputs`), its videos' family
+(`pruning.families.VideoFamily`: Qwen-VL unless it says otherwise) and whether its videos are pruned.
 The deepstack levels are the vision tower's (`num_deepstack_embeddings`, 0 where upstream has none).
 The rest is here:
   - `attach`: the language model's fixed-address `GraphInputs` and the model's `PrunedVideos`;
@@ -29,6 +30,7 @@ from sglang_evs.models.graph_inputs import (
 )
 from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
 from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
+from sglang_evs.pruning.families import QWEN_VL, VideoFamily
 from sglang_evs.pruning.settings import refuse_encoder_default, server_pruning
 from sglang_evs.pruning.videos import PrunedVideos
 
@@ -42,6 +44,7 @@ class AdaptedModel:
     implements_post_process_contract = True
     language_model_cls: type  # upstream's language model class with `ReadsGraphInputs` first
     prunes_videos = True  # False: its processor is not the pruning one; videos pass through untouched
+    video_family: VideoFamily = QWEN_VL  # its processor and video layout (pruning/families.py)
 
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__(config, quant_config, prefix)
@@ -87,7 +90,9 @@ def attach(model, config, language_model_cls: type, deepstack_levels: int, encod
         mrope=bool(model.is_mrope_enabled),
     )
     model.pruned_videos = (
-        None if encode_videos is None else PrunedVideos(config, model.model.embed_tokens, encode_videos)
+        None
+        if encode_videos is None
+        else PrunedVideos(config, model.video_family, model.model.embed_tokens, encode_videos)
     )
     buffers = model.model.graph_inputs
     logger.info(

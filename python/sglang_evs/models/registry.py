@@ -9,6 +9,7 @@ import importlib
 from typing import Any, NamedTuple
 
 from sglang_evs import trace
+from sglang_evs.pruning.families import VideoFamily
 
 
 class Entry(NamedTuple):
@@ -35,6 +36,9 @@ MODELS: dict[str, Entry] = {
         "qwen3_vl_derived:InternS2PreviewForConditionalGeneration", "UpstreamInternS2Preview"
     ),
     "Cosmos3ForConditionalGeneration": Entry("qwen3_vl_derived:Cosmos3ForConditionalGeneration", "UpstreamCosmos3"),
+    # GLM-4.1V / GLM-4.5V: their own processor and video layout (pruning.families.GLM4V)
+    "Glm4vForConditionalGeneration": Entry("glm4v:Glm4vForConditionalGeneration", "UpstreamGlm4v"),
+    "Glm4vMoeForConditionalGeneration": Entry("glm4v:Glm4vMoeForConditionalGeneration", "UpstreamGlm4vMoe"),
 }
 
 
@@ -67,11 +71,15 @@ def prunes_videos(architecture: str) -> bool:
     return cls is not None and cls.prunes_videos
 
 
-def upstream_classes() -> list[Any]:
-    """The upstream classes whose processor is the pruning one."""
+def pruned_families() -> dict[Any, VideoFamily]:
+    """Upstream model class -> its videos' family, for every class whose processor is the pruning one."""
     from sglang_evs import sglang_compat
 
-    return [sglang_compat.resolve(entry.upstream) for name, entry in MODELS.items() if prunes_videos(name)]
+    return {
+        sglang_compat.resolve(entry.upstream): model_class(name).video_family
+        for name, entry in MODELS.items()
+        if prunes_videos(name)
+    }
 
 
 def resolve_model_cls_around(original, registry, architectures):

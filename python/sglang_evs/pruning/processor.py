@@ -1,39 +1,51 @@
-"""Tokenizer side: SGLang's Qwen-VL processor, then pruned video regions, for every model the plugin answers.
+"""Tokenizer side: a family's upstream SGLang processor, then pruned video regions.
 
-Registered by the plugin for the upstream architecture names of `models.registry.MODELS` in place of SGLang's
-`QwenVLImageProcessor` (one class serves Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE
-upstream); with no pruning it returns exactly what SGLang's does. The method and rate are the
-server's (`settings.server_pruning`), overridable per request (`settings.request_pruning`).
+`pruning_processor(family)` is the class the plugin registers for the upstream architectures of
+`models.registry.MODELS` in place of their upstream processor (`families.VideoFamily.processor`: SGLang's
+`QwenVLImageProcessor` for every Qwen VLM, `Glm4vImageProcessor` for GLM-4.1V / GLM-4.5V): the upstream
+class with `PruningProcessor` before it. With no pruning it returns exactly what the upstream one does.
+The method and rate are the server's (`settings.server_pruning`), overridable per request
+(`settings.request_pruning`).
 """
 
+import functools
 import logging
 import time
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.pruning.disaggregated import RECORDS, lay_out_pruned
+from sglang_evs.pruning.families import VideoFamily
 from sglang_evs.pruning.regions import prune_video_regions
 from sglang_evs.pruning.settings import conflicting_setup, refuse_unsupported, request_pruning, server_pruning
 from sglang_evs.pruning.usage import record_usage
 
 logger = logging.getLogger(__name__)
 
-FRAMES_PER_GROUP = 2  # Qwen-VL towers encode frames in temporal groups of 2
 
-
-def refuse_too_short_videos(videos: list) -> None:
-    """A clear error for a video the frame sampler cannot take (fewer frames than one temporal group)."""
+def refuse_too_short_videos(videos: list, family: VideoFamily) -> None:
+    """A clear error for a video the family's frame sampler cannot take."""
     for index, video in enumerate(videos or ()):
         frames = len(video) if hasattr(video, "__len__") and hasattr(video, "avg_fps") else None
-        if frames is not None and frames < FRAMES_PER_GROUP:
+        if frames is not None and frames < family.fewest_frames:
             raise ValueError(
-                f"video {index} has {frames} frame(s); Qwen-VL models need at least {FRAMES_PER_GROUP} "
+                f"video {index} has {frames} frame(s); {family.name} models need at least {family.fewest_frames} "
                 "(one temporal group): send it as an image instead"
             )
 
 
-class PruningProcessor(sglang.UpstreamQwenVLProcessor):
-    # Not upstream's list: the plugin registers this class for the architectures models/registry.py names
+@functools.cache
+def pruning_processor(family: VideoFamily) -> type:
+    """The family's upstream processor with `PruningProcessor` first (one class per family)."""
+    upstream = sglang.resolve(family.processor)
+    return type(f"Pruning{upstream.__name__}", (PruningProcessor, upstream), {"family": family})
+
+
+class PruningProcessor:
+    """Mixin placed before a family's upstream processor (`pruning_processor`)."""
+
+    family: VideoFamily
+    # Not upstream's list: the plugin registers the class for the architectures models/registry.py names
     # (`plugin.register_processors`), so the pruning side need not know the models.
     models: list = []
 
@@ -60,11 +72,11 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
         rows = embeddings[video]
         stand_in = rows.new_zeros(1, rows.shape[1]).expand(sum(record["tokens"] for record in records), -1)
         output = super().get_mm_data(prompt, {**embeddings, video: stand_in}, **kwargs)
-        return lay_out_pruned(output, records, rows, self.mm_tokens.video_token_id)
+        return lay_out_pruned(output, records, rows, self.family.pad_token_id(self.hf_config))
 
     async def load_mm_data(self, *args, **kwargs):
         loaded = await super().load_mm_data(*args, **kwargs)
-        refuse_too_short_videos(loaded.videos)
+        refuse_too_short_videos(loaded.videos, self.family)
         return loaded
 
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
@@ -74,7 +86,7 @@ class PruningProcessor(sglang.UpstreamQwenVLProcessor):
         output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
         if pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
             merge = self.hf_config.vision_config.spatial_merge_size
-            videos = prune_video_regions(output, pruning, merge, self.VIDEO_TOKEN_ID)
+            videos = prune_video_regions(output, pruning, merge, self.family.pad_token_id(self.hf_config))
             record_usage(getattr(request_obj, "rid", None), pruning, videos)
             for video in videos:
                 name = pruning.method.name

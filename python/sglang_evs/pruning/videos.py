@@ -28,6 +28,7 @@ from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.methods import METHODS
 from sglang_evs.multimodal.contract import BatchLayout
+from sglang_evs.pruning.families import VideoFamily
 from sglang_evs.pruning.fields import (
     METHOD,
     RATE,
@@ -64,10 +65,12 @@ def encoder_patch_budget(device: torch.device) -> int:
 class PrunedVideos:
     MASKS_KEPT = 4096  # keep-masks by item hash (video, method and rate): small bool tensors
 
-    def __init__(self, config, embed_tokens: torch.nn.Embedding, encode: Callable[[list], torch.Tensor]) -> None:
+    def __init__(
+        self, config, family: VideoFamily, embed_tokens: torch.nn.Embedding, encode: Callable[[list], torch.Tensor]
+    ) -> None:
         """`encode(items)`: the model's upstream video getter, [sum of items' merged tokens, width]."""
         server_pruning(config)  # an invalid setting fails at startup, naming it
-        self.video_token_id = config.video_token_id
+        self.pad_token_id = family.pad_token_id(config)
         self.spatial_merge_size = config.vision_config.spatial_merge_size
         self.embed_tokens = embed_tokens
         self.encode = encode
@@ -132,7 +135,7 @@ class PrunedVideos:
                 if lo >= hi:
                     continue
                 region_ids = item.model_specific_data[REGION_IDS]
-                keep = region_keep(region_ids, self.video_token_id, self.keep_mask(item))
+                keep = region_keep(region_ids, self.pad_token_id, self.keep_mask(item))
                 region = item.model_specific_data[REGION_POSITIONS][:, keep]
                 own = mm_inputs.mrope_positions
                 own[:, start:end] = region.to(own.device, own.dtype)
@@ -165,8 +168,8 @@ class PrunedVideos:
 
     def _fill_region(self, item, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         region_ids = item.model_specific_data[REGION_IDS].to(rows.device)
-        ids = region_ids[region_keep(region_ids, self.video_token_id, mask)]
-        is_pad = ids == self.video_token_id
+        ids = region_ids[region_keep(region_ids, self.pad_token_id, mask)]
+        is_pad = ids == self.pad_token_id
         region = rows.new_zeros(ids.numel(), rows.shape[1])
         region[is_pad] = rows[mask.to(rows.device)]
         text = self.embed_tokens(ids[~is_pad])
