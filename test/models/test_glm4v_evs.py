@@ -1,0 +1,334 @@
+"""GLM-4.1V and GLM-4.5V, the first family off the Qwen processor, pruned through the same mechanism (float32).
+
+GLM's own processor writes a video as one image-token run per temporal group, each followed by
+`<|end_of_image|>`, its second and `<|begin_of_image|>`; its positions come from upstream's
+`get_rope_index_glm4v` (each group its own grid). The guarantees are Qwen3-VL's: q = 0 bit-identical to
+upstream, exact counts, an HF oracle at the reference positions, chunked prefill and radix hits,
+concurrent mixed media, usage and Prometheus counts.
+"""
+
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_evs import trace
+from sglang_evs.testing import media
+from sglang_evs.testing.requests import (
+    GLM4V_IMAGE,
+    GLM4V_VIDEO,
+    counter_increase,
+    flush_cache,
+    generate,
+    glm4v_chat_prompt,
+    logprob_gap,
+    media_kwargs,
+    per_request_rate,
+    pruning_metrics,
+)
+from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.workload import send_alone, send_together
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_evs_serving import (  # noqa: E402
+    HFReference,
+    assert_masks_agree_up_to_ties,
+    assert_matches_hf,
+    assert_same_generation,
+    hf_greedy_decode,
+    served_mask,
+)
+
+pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
+
+DENSE, MOE = "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"
+FIXTURES = {DENSE: "tiny_glm4v_dir", MOE: "tiny_glm4v_moe_dir"}
+SIDE = 112  # pixels: GLM's processor makes 8 x 8 patches of 14, merged into 4 x 4 tokens per group
+GROUPS, TOKENS_PER_GROUP = 4, 16  # a 16-frame 4 fps clip -> GLM samples 8 frames at 2 fps -> 4 groups
+CHUNK = 29  # tokens per prefill chunk on the chunked server: cuts inside groups and on their timestamps
+CHUNKED_DEFAULT = {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.5}
+
+
+def evs_count(q: float) -> int:
+    """The EVS kept count written out: max(tpf, int(T * tpf * (1 - q)))."""
+    return max(TOKENS_PER_GROUP, int(GROUPS * TOKENS_PER_GROUP * (1 - q)))
+
+
+def write_clip(path: Path, kind: str, seed: int = 3) -> Path:
+    return media.write_clip(path, kind, num_frames=16, fps=4, seed=seed, height=SIDE, width=SIDE)
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("glm4v_clips")
+    return {kind: write_clip(out / f"{kind}.mp4", kind) for kind in media.CLIP_KINDS}
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> list[Path]:
+    out = tmp_path_factory.mktemp("glm4v_images")
+    return [media.write_image(out / f"image{seed}.png", SIDE, SIDE, seed=seed) for seed in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def servers(request, tmp_path_factory) -> dict:
+    """Started together: {(architecture, "on"): the plugin's server (default rate 0, metrics on, traced),
+    (architecture, "off"): upstream's, "chunked": the plugin's GLM-4.1V in 29-token chunks with VidCom2 at
+    q = .5 as its default}; {"trace", architecture}: the plugin servers' trace files."""
+    work = tmp_path_factory.mktemp("glm4v")
+    dirs = {architecture: request.getfixturevalue(fixture) for architecture, fixture in FIXTURES.items()}
+    plans, launches = [], []
+    for architecture, plugin in [(a, p) for a in FIXTURES for p in ("on", "off")]:
+        traced = {"SGLANG_EVS_TRACE": str(work / f"trace-{architecture}.jsonl")}
+        env = traced if plugin == "on" else {"SGLANG_PLUGINS": "none"}
+        args = ["--dtype", "float32", *(["--enable-metrics"] if plugin == "on" else [])]
+        plans.append((architecture, plugin))
+        launches.append(Launch(dirs[architecture], work / f"{architecture}-{plugin}.log", args, env))
+    chunked = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
+    chunked += ["--json-model-override-args", str(CHUNKED_DEFAULT).replace("'", '"')]
+    plans.append("chunked")
+    launches.append(Launch(dirs[DENSE], work / "chunked.log", chunked))
+    with running_servers(*launches) as started:
+        out: dict = dict(zip(plans, started, strict=True))
+        out.update({("trace", architecture): work / f"trace-{architecture}.jsonl" for architecture in FIXTURES})
+        out["dirs"] = dirs
+        yield out
+
+
+@pytest.fixture(params=list(FIXTURES))
+def architecture(request) -> str:
+    return request.param
+
+
+def video(server, clip: Path, q: float | None = None, method: str = "evs", **extra):
+    kwargs = per_request_rate(q, method) if q is not None else {}
+    prompt = glm4v_chat_prompt(GLM4V_VIDEO)
+    return generate(server.base_url, prompt, **media_kwargs(videos=[clip]), **kwargs, **extra)[0]
+
+
+# --- no pruning: bit-identical to upstream
+
+
+def parity_cases(clips, images) -> dict[str, tuple[str, dict]]:
+    return {
+        "text": (glm4v_chat_prompt(text="Count the objects."), {}),
+        "image": (glm4v_chat_prompt(GLM4V_IMAGE), media_kwargs(images=[images[0]])),
+        "video": (glm4v_chat_prompt(GLM4V_VIDEO), media_kwargs(videos=[clips["moving"]])),
+        "image+video": (
+            glm4v_chat_prompt(GLM4V_IMAGE, GLM4V_VIDEO),
+            media_kwargs(images=[images[1]], videos=[clips["noise"]]),
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", ["text", "image", "video", "image+video"])
+def test_q0_is_bit_identical_to_upstream(servers, architecture, clips, images, case):
+    """The plugin's server at its default rate 0 and upstream SGLang, each from an empty radix cache."""
+    prompt, kwargs = parity_cases(clips, images)[case]
+    replies = []
+    for plugin in ("on", "off"):
+        flush_cache(servers[architecture, plugin].base_url)
+        replies.append(generate(servers[architecture, plugin].base_url, prompt, **kwargs)[0])
+    ours, upstream = replies
+    assert ours == upstream  # tokens, logprobs, top logprobs, prompt and cached tokens
+    if "video" in case:
+        assert ours.meta["video_tokens"] == GROUPS * TOKENS_PER_GROUP
+
+
+def test_the_plugin_serves_glm_through_its_adapter(servers, architecture, clips):
+    video(servers[architecture, "on"], clips["static"], 0.5)
+    (allocated,) = trace.read(servers["trace", architecture], "graph_inputs_allocated")
+    assert allocated["model"] == architecture and allocated["deepstack_ptr"] is None
+    calls = [c for c in trace.read(servers["trace", architecture], "language_model_inputs") if c["mode"] == "EXTEND"]
+    assert calls and {c["positions_ptr"] for c in calls} == {allocated["positions_ptr"]}
+
+
+# --- counts
+
+
+@pytest.mark.parametrize("q", [0.25, 0.5, 0.75, 0.9])
+def test_prompt_tokens_drop_by_exactly_the_pruned_count(servers, architecture, clips, q):
+    server = servers[architecture, "on"]
+    unpruned = video(server, clips["moving"], 0.0)
+    assert unpruned.meta["video_tokens"] == GROUPS * TOKENS_PER_GROUP
+    pruned = video(server, clips["moving"], q)
+    assert pruned.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - evs_count(q))
+    assert pruned.meta["video_tokens"] == pruned.meta["video_tokens_after_pruning"] == evs_count(q)
+    assert pruned.meta["video_tokens_before_pruning"] == GROUPS * TOKENS_PER_GROUP
+
+
+def test_vidcom2_keeps_its_own_count(servers, clips):
+    """VidCom2 per request: max(T, int(T * tpf * (1 - q))) tokens, a different count from EVS's at q = .9."""
+    server = servers[DENSE, "on"]
+    unpruned = video(server, clips["noise"], 0.0)
+    pruned = video(server, clips["noise"], 0.9, method="vidcom2")
+    kept = max(GROUPS, int(GROUPS * TOKENS_PER_GROUP * 0.1))
+    assert kept != evs_count(0.9)
+    assert pruned.meta["video_pruning_method"] == "vidcom2" and pruned.meta["video_tokens"] == kept
+    assert pruned.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - kept)
+
+
+def test_images_are_never_pruned(servers, architecture, images):
+    server = servers[architecture, "on"]
+    prompt, kwargs = glm4v_chat_prompt(GLM4V_IMAGE, GLM4V_IMAGE), media_kwargs(images=images)
+    runs = []
+    for q in (0.9, 0.0):
+        flush_cache(server.base_url)
+        runs.append(generate(server.base_url, prompt, **kwargs, **per_request_rate(q))[0])
+    assert runs[0] == runs[1]
+
+
+def test_what_pruning_saved_is_reported_per_request_and_per_server(servers, architecture, tmp_path):
+    server = servers[architecture, "on"]
+    before = pruning_metrics(server.base_url)
+    served = video(server, write_clip(tmp_path / "unseen.mp4", "noise", seed=41), 0.75)
+    delta = counter_increase(before, pruning_metrics(server.base_url))
+    unpruned = GROUPS * TOKENS_PER_GROUP
+    assert served.meta["video_tokens_before_pruning"] == delta["video_tokens_before_pruning"] == unpruned
+    assert served.meta["video_tokens_after_pruning"] == delta["video_tokens_after_pruning"] == evs_count(0.75)
+    assert delta["pruned_videos"] == 1
+
+
+# --- the independent oracle: HF transformers' GLM-4.1V given the kept rows at its own positions
+
+
+@cache
+def hf(model_dir: str):
+    from transformers import AutoProcessor, Glm4vForConditionalGeneration
+
+    model = Glm4vForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, AutoProcessor.from_pretrained(model_dir)
+
+
+def hf_pruned_greedy(model_dir: Path, clip: Path, keep_mask, steps: int = 8, shift_from_video: int = 0) -> HFReference:
+    """The reference rule from transformers' own GLM-4.1V: the frames SGLang's GLM sampler picks, HF's processor
+    and tower, `keep_mask(rows, grid, m, q)` over the video's rows, the kept tokens at the positions HF's
+    `get_rope_index` gives them in the unpruned sequence. ``shift_from_video``: the control, every token from
+    the video's first row on moved by that many positions."""
+    from sglang.srt.multimodal.processors.glm4v import glm_processor_video_config, glm_sample_and_decode_sync
+    from sglang.srt.utils.common import load_video
+
+    model, processor = hf(str(model_dir))
+    sampler = processor.video_processor
+    frames, metadata = glm_sample_and_decode_sync(
+        load_video(str(clip), use_gpu=False), glm_processor_video_config(sampler), sampler
+    )
+    inputs = processor(
+        text=[glm4v_chat_prompt(GLM4V_VIDEO)], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
+        return_tensors="pt",
+    )  # fmt: skip
+    ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
+    with torch.no_grad():
+        positions, delta = model.model.get_rope_index(ids[None], inputs["mm_token_type_ids"], video_grid_thw=grid)
+        rows = torch.cat(list(model.model.get_video_features(inputs["pixel_values_videos"], grid).pooler_output))
+        mask = keep_mask(rows, grid[0], model.config.vision_config.spatial_merge_size, None)
+        is_row = inputs["mm_token_type_ids"][0] == 2  # the video's rows (image tokens between the video markers)
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        keep[is_row] = mask
+        embeds = model.model.language_model.embed_tokens(ids)
+        embeds[is_row] = rows
+        positions[:, :, torch.arange(len(ids)) >= int(is_row.nonzero().min())] += shift_from_video
+        offset = int(delta) + int((~keep).sum()) + shift_from_video
+        tokens, logprobs = hf_greedy_decode(model, embeds[keep], positions[:, :, keep], offset, steps)
+    return HFReference(tokens, int(keep.sum()), logprobs)
+
+
+def unseen_clip(servers, kind: str, tag: str) -> Path:
+    """A clip no earlier request sent, so the server encodes it and traces its keep-mask."""
+    seed = 2000 + sum(map(ord, f"{kind}{tag}"))
+    return write_clip(servers["trace", DENSE].parent / f"unseen-{kind}-{tag}.mp4", kind, seed=seed)
+
+
+# SGLang's GLM-4.1V and transformers' differ by up to 1.1e-3 in logprob with nothing pruned (measured at q = 0 on
+# these clips: the same weights through other kernels, the tower's interpolated position table among them), so
+# the tolerance is GLM's own; a one-position error moves logprobs by 0.4 or more (the control below).
+GLM_HF_TOLERANCE = 1e-2
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.75])
+@pytest.mark.parametrize("kind", ["moving", "static"])
+def test_greedy_tokens_equal_hf_oracle(servers, q, kind):
+    """HF given the server's keep-mask (which must be the EVS oracle's on HF's rows, up to ties); at q = 0
+    every row, which measures how far the two implementations are apart with nothing pruned."""
+    clip = unseen_clip(servers, kind, f"q{q}")
+    reply = video(servers[DENSE, "on"], clip, q)
+    mask, seen = served_mask(servers["trace", DENSE]), {}
+
+    def checked(rows, grid, merge, _):
+        seen["served"], seen["args"] = mask(rows, grid, merge, q), (rows, grid, merge, q)
+        return seen["served"]
+
+    def every_row(rows, *_):
+        return torch.ones(rows.shape[0], dtype=torch.bool)
+
+    reference = hf_pruned_greedy(servers["dirs"][DENSE], clip, checked if q else every_row)
+    assert_matches_hf(reply, reference, GLM_HF_TOLERANCE)
+    if q:
+        assert_masks_agree_up_to_ties(seen["served"], *seen["args"])
+
+
+def test_the_tolerance_tells_a_one_position_error(servers):
+    clip = unseen_clip(servers, "moving", "one-off")
+    reply = video(servers[DENSE, "on"], clip, 0.75)
+    one_off = hf_pruned_greedy(servers["dirs"][DENSE], clip, served_mask(servers["trace", DENSE]), shift_from_video=1)
+    assert logprob_gap(reply, one_off) > 10 * GLM_HF_TOLERANCE
+
+
+# --- chunked prefill, radix hits, several media per request and per batch
+
+
+def test_29_token_chunks_and_radix_repeats_equal_one_chunk(servers, clips, images):
+    """The chunked server prunes by its default (VidCom2, q = .5) and by a request's own EVS rate; the
+    reference is the one-chunk server given the same settings per request. Each case twice: the repeat
+    hits the radix cache."""
+    image = images[0]
+    two_videos = glm4v_chat_prompt(GLM4V_IMAGE, GLM4V_VIDEO, GLM4V_VIDEO)
+    cases = [
+        (glm4v_chat_prompt(GLM4V_VIDEO), media_kwargs(videos=[clips["moving"]]), CHUNKED_DEFAULT),
+        (two_videos, media_kwargs(images=[image], videos=[clips["noise"], clips["moving"]]), CHUNKED_DEFAULT),
+        (two_videos, media_kwargs(images=[image], videos=[clips["static"], clips["noise"]]), per_request_rate(0.75)),
+    ]
+    for prompt, kwargs, setting in cases:
+        flush_cache(servers[DENSE, "on"].base_url)
+        default = setting is CHUNKED_DEFAULT
+        asked = per_request_rate(0.5, "vidcom2") if default else setting
+        want = generate(servers[DENSE, "on"].base_url, prompt, **kwargs, **asked)[0]
+        own = {} if default else setting  # the chunked server's default, or the request's own
+        first, again = (generate(servers["chunked"].base_url, prompt, **kwargs, **own)[0] for _ in range(2))
+        assert again.cached_tokens > 0, "no radix hit"
+        for got in (first, again):
+            assert_same_generation(got, want, f"{CHUNK}-token chunks vs one, {setting}")
+        method = "vidcom2" if default else "evs"
+        assert (first.meta["video_pruning_method"], want.meta["video_pruning_method"]) == (method, method)
+
+
+def test_concurrent_mixed_requests_equal_each_alone(servers, architecture, clips, images):
+    """Eight mixed requests (two videos in one, video before and after an image, text only, different rates)
+    each alone from an empty cache, then all at once: a prefill forward held the media of two of them."""
+    image, image2 = images
+    prompt = glm4v_chat_prompt
+    cases = [
+        (prompt(GLM4V_VIDEO, GLM4V_IMAGE), media_kwargs(images=[image], videos=[clips["moving"]]), 0.75),
+        (prompt(GLM4V_IMAGE, GLM4V_VIDEO), media_kwargs(images=[image2], videos=[clips["noise"]]), 0.5),
+        (prompt(GLM4V_VIDEO, GLM4V_VIDEO), media_kwargs(videos=[clips["noise"], clips["moving"]]), 0.75),
+        (prompt(GLM4V_IMAGE), media_kwargs(images=[image]), 0.75),
+        (prompt(GLM4V_VIDEO), media_kwargs(videos=[clips["static"]]), 0.9),
+        (prompt(text="Count the objects."), {}, 0.75),
+        (
+            prompt(GLM4V_VIDEO, GLM4V_IMAGE, GLM4V_VIDEO),
+            media_kwargs(images=[image2], videos=[clips["static"], clips["noise"]]),
+            0.25,
+        ),
+        (prompt(GLM4V_VIDEO), media_kwargs(videos=[clips["moving"]]), 0.0),
+    ]
+    server = servers[architecture, "on"]
+    alone = send_alone(server.base_url, cases)
+    together, (shared_forwards, cached, prompt_tokens) = send_together(
+        server.base_url, cases, servers["trace", architecture]
+    )
+    assert shared_forwards > 0 and cached < prompt_tokens // 4, (shared_forwards, cached, prompt_tokens)
+    for one, many in zip(alone, together, strict=True):
+        assert many.prompt_tokens == one.prompt_tokens
+        assert_same_generation(many, one, "batched vs alone")
