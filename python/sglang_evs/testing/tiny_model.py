@@ -7,11 +7,11 @@ Architectures (HF class names): Qwen3VLForConditionalGeneration (default), Qwen3
 Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration, Qwen3_5ForConditionalGeneration,
 Qwen3_5MoeForConditionalGeneration. All share one tokenizer, so the special-token ids are the same.
 
-GLM-4.1V and GLM-4.5V (Glm4vForConditionalGeneration, Glm4vMoeForConditionalGeneration, tiny only): their own
-tokenizer (GLM's special tokens, trained on the same corpus), chat template and processor. A video becomes
-one <|image|> run per temporal group of two frames, each followed by <|end_of_image|> and its second, between
-<|begin_of_video|> and <|end_of_video|>; the text model rotates half of each head (M-RoPE 4/2/2 of 32). The
-MoE one routes layer 1 over 4 experts (2 per token) beside a shared one.
+GLM-4.1V and GLM-4.5V (Glm4vForConditionalGeneration, Glm4vMoeForConditionalGeneration; GLM-4.1V also
+`small`): their own tokenizer (GLM's special tokens, trained on the same corpus), chat template and processor.
+A video becomes one <|image|> run per temporal group of two frames, each followed by <|end_of_image|> and its
+second, between <|begin_of_video|> and <|end_of_video|>; the text model rotates half of each head (M-RoPE
+4/2/2 of 32). The MoE one routes layer 1 over 4 experts (2 per token) beside a shared one.
 
 Two families the plugin does not prune, to show it changes nothing for them (image only, tiny only), each
 with its own tokenizer (trained like the Qwen one, on the same corpus) and its family's special tokens:
@@ -25,7 +25,7 @@ Their prompts, as the chat templates write them: `requests.gemma3_chat_prompt`, 
 
 Profiles:
   tiny   seconds on CPU; for correctness tests. Every architecture has one.
-  small  Qwen3-VL, Qwen2.5-VL and Qwen3.5: a language model that dominates prefill time, for
+  small  Qwen3-VL, Qwen2.5-VL, Qwen3.5 and GLM-4.1V: a language model that dominates prefill time, for
          performance ratios such as EVS time-to-first-token, with the vision tower tiny. Qwen3-VL:
          Qwen3-VL-2B's language-model width (2048, 16 heads of 128, 8 KV heads, M-RoPE
          sections 24/20/20) with 8 of its 28 layers. Qwen2.5-VL: Qwen2.5-VL-3B's (2048, 16
@@ -511,6 +511,18 @@ def _glm4v_fields() -> Fields:
     )
 
 
+def _glm4v_small_fields() -> Fields:
+    """Eight layers of a 2048-wide GLM-4 language model (16 heads of 128, 2 KV heads, MLP 6144, M-RoPE 8/12/12
+    on half of each head, as released) over the tiny tower: the language-model-bound case, like Qwen3-VL's
+    `small`, for GLM-4.1V's pruning benchmark."""
+    tiny = _glm4v_fields()
+    text = dict(
+        tiny.text, hidden_size=2048, intermediate_size=6144, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=2, rope_parameters=dict(tiny.text["rope_parameters"], mrope_section=[8, 12, 12]),
+    )  # fmt: skip
+    return Fields(text=text, vision=dict(tiny.vision, out_hidden_size=2048))
+
+
 def _glm4v_moe_fields() -> Fields:
     # Layer 0 dense, layer 1 routed (4 experts, 2 per token) with one shared expert, as released in shape.
     fields = _glm4v_fields()
@@ -662,7 +674,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "Glm4vForConditionalGeneration": Architecture(
         "Glm4vConfig",
-        {"tiny": _glm4v_fields},
+        {"tiny": _glm4v_fields, "small": _glm4v_small_fields},
         _glm4v_processor,
         vocabulary=GLM4V_VOCABULARY,
         token_ids=lambda tok: _glm4v_token_id_fields(tok),
