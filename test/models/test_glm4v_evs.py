@@ -172,6 +172,16 @@ def test_vidcom2_keeps_its_own_count(servers, clips):
     assert pruned.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - kept)
 
 
+def test_a_one_frame_video_is_one_group_kept_whole(servers, tmp_path):
+    """GLM's sampler repeats a lone frame into one temporal group (Qwen's needs two frames: `families.GLM4V`
+    says one is enough); EVS keeps group 0 whole, so q = .5 serves what q = 0 does."""
+    server = servers[DENSE, "on"]
+    clip = media.write_clip(tmp_path / "one.mp4", "moving", num_frames=1, fps=4, seed=9, height=SIDE, width=SIDE)
+    unpruned, pruned = video(server, clip, 0.0), video(server, clip, 0.5)
+    assert unpruned.meta["video_tokens"] == pruned.meta["video_tokens"] == TOKENS_PER_GROUP
+    assert (pruned.output_ids, pruned.prompt_tokens) == (unpruned.output_ids, unpruned.prompt_tokens)
+
+
 def test_images_are_never_pruned(servers, architecture, images):
     server = servers[architecture, "on"]
     prompt, kwargs = glm4v_chat_prompt(GLM4V_IMAGE, GLM4V_IMAGE), media_kwargs(images=images)

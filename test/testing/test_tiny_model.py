@@ -143,6 +143,19 @@ def test_glm4v_loads_in_transformers_and_lays_videos_out_per_group(architecture,
     assert (last_logits(0) - last_logits(1)).abs().max() > PIXEL_EFFECT
 
 
+@pytest.mark.parametrize("architecture", list(GLM_FIXTURES))
+def test_glm4v_config_overrides_land_in_the_checkpoint_and_bad_ones_fail(architecture, tmp_path, monkeypatch):
+    overrides = {"text_config": {"num_hidden_layers": 3}, "vision_config": {"depth": 1}}
+    argv = [str(tmp_path), "--architecture", architecture, "--config-json", json.dumps(overrides)]
+    monkeypatch.setattr(sys, "argv", ["tiny_model", *argv])
+    tiny_model.main()
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["text_config"]["num_hidden_layers"] == 3 and saved["vision_config"]["depth"] == 1
+    bad_sections = {"text_config": {"rope_parameters": {"mrope_section": [8, 4, 4]}}}  # 32, not the 16 rotated
+    with pytest.raises(ValueError, match="mrope_section"):
+        tiny_model.build_config(architecture, "tiny", config_overrides=bad_sections)
+
+
 @pytest.fixture(params=list(OTHER_FAMILIES))
 def other_family(request):
     fixture, prompt, image = OTHER_FAMILIES[request.param]
