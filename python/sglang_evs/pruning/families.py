@@ -6,7 +6,8 @@ family; a family only says where its videos differ:
   - `processor`: the upstream SGLang processor the pruning one extends (`processor.pruning_processor`);
   - `pad_token_field`: the config field naming the token each video row occupies once the processor has
     expanded the prompt (Qwen: `video_token_id`; GLM writes a video's rows as image tokens, `image_token_id`);
-  - `frames_per_group` / `fewest_frames`: frames the tower encodes together, and the fewest a video may have.
+  - `fewest_frames`: the fewest frames a video may have (what the family's frame sampler can make one temporal
+    group of; both families' towers encode groups of two frames, which the grid's T counts).
 
 What every family shares, and so is not described: an item's grid is `video_grid_thw` (T groups of H x W
 patches), its spans run from its first pad to its last (framing text between groups included), the vision
@@ -23,7 +24,6 @@ class VideoFamily:
     name: str
     processor: str  # the upstream processor class, by its name in sglang_compat
     pad_token_field: str
-    frames_per_group: int
     fewest_frames: int
 
     def pad_token_id(self, config) -> int:
@@ -32,7 +32,7 @@ class VideoFamily:
 
 
 # Qwen2-VL, Qwen2.5-VL, Qwen3-VL (+MoE), Qwen3.5 / 3.6: SGLang's one Qwen-VL processor.
-QWEN_VL = VideoFamily("Qwen-VL", "UpstreamQwenVLProcessor", "video_token_id", frames_per_group=2, fewest_frames=2)
+QWEN_VL = VideoFamily("Qwen-VL", "UpstreamQwenVLProcessor", "video_token_id", fewest_frames=2)
 # GLM-4.1V / GLM-4.5V: each group is an image-token run followed by its second; GLM's sampler pads an odd
 # frame count by repeating the last frame, so one frame is a video.
-GLM4V = VideoFamily("GLM-4.1V", "UpstreamGlm4vProcessor", "image_token_id", frames_per_group=2, fewest_frames=1)
+GLM4V = VideoFamily("GLM-4.1V", "UpstreamGlm4vProcessor", "image_token_id", fewest_frames=1)
