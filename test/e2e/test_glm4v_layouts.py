@@ -23,7 +23,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +128,11 @@ def test_pruned_tp2_serves_the_tokens_of_one_rank(served):
         assert (tp2[name].output_ids, tp2[name].prompt_tokens) == (one[name].output_ids, one[name].prompt_tokens)
     assert [g.output_ids for g in tp2["batch"]] == [g.output_ids for g in one["batch"]]
     assert tp2["video"].prompt_tokens < served["plugin tp2", "q=0"]["video"].prompt_tokens
+
+
+def test_encoder_disaggregation_stops_at_startup_as_upstream_does(tiny_glm4v_dir):
+    """SGLang 0.5.23 serves encoder disaggregation for none of GLM-4.1V / GLM-4.5V (its list has GLM-5-Next);
+    with the plugin loaded an `--encoder-only` server still stops at startup, naming the architecture."""
+    result = run_to_exit(tiny_glm4v_dir, ["--dtype", "float32", "--encoder-only"])
+    assert result.returncode != 0
+    assert "Glm4vForConditionalGeneration is not supported for encoder disaggregation" in result.stdout + result.stderr

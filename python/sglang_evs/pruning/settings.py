@@ -102,22 +102,14 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     if role is not None and transport not in (PRUNING_TRANSPORT, "auto"):  # auto: zmq_to_scheduler for ours
         return f"{role} over --encoder-transfer-backend {transport}"
     architecture = (getattr(hf_config, "architectures", None) or [None])[0]
-    if role is not None and architecture in ENCODER_PATH_REFUSED:
-        return f"{role} of {architecture} ({ENCODER_PATH_REFUSED[architecture]})"
+    if role is not None and architecture in INEXACT_ENCODER_PATH:
+        return f"{role} of {architecture} (SGLang's encoder path serves it other tokens than one server even at q = 0)"
     return None
 
 
-# Measured on SGLang 0.5.23 without the plugin: an encoder/language pair answers Qwen2-VL and Qwen2.5-VL other
-# greedy tokens than one server does, prompt tokens equal, at q = 0 (video and image prompts); pruning there
-# could not be exact. GLM's encoder-side layout (its processor's own video path) has not been served yet.
-INEXACT = "SGLang's encoder path serves it other tokens than one server even at q = 0"
-UNPROVEN = "pruning on its encoder servers is not yet proven exact"
-ENCODER_PATH_REFUSED = {
-    "Qwen2VLForConditionalGeneration": INEXACT,
-    "Qwen2_5_VLForConditionalGeneration": INEXACT,
-    "Glm4vForConditionalGeneration": UNPROVEN,
-    "Glm4vMoeForConditionalGeneration": UNPROVEN,
-}
+# Measured on SGLang 0.5.23 without the plugin: an encoder/language pair answers these other greedy tokens than
+# one server does, prompt tokens equal, at q = 0 (video and image prompts); pruning there could not be exact.
+INEXACT_ENCODER_PATH = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 
 
 # The encoder transport that carries a video's pruning record with its kept rows (pruning/disaggregated.py).
