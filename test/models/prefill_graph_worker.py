@@ -1,4 +1,4 @@
-"""SGLang's own prefill graph runner on CPU, around our Qwen3-VL: capture, replay live batches, print JSON.
+"""SGLang's own prefill graph runner on CPU, around one of our models: capture, replay live batches, print JSON.
 
     python test/models/prefill_graph_worker.py MODEL_DIR
 
@@ -24,14 +24,19 @@ same batch. At q = 0 a replay must equal it bit for bit.
                     chunk's replay equals our eager forward of it (graph runner off).
 Then, patched in this process, two broken copies of the plugin must fail the same comparisons:
 `post_process` with its buffer writes removed, and buffers whose deepstack rows survive a forward.
+
+The model is Qwen3-VL (deepstack and M-RoPE buffers) or GLM-4.1V (M-RoPE only, GLM's own processor and
+prompts, `Family` below); for a model without deepstack the deepstack entries are left out of the report.
 """
 
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -134,19 +139,39 @@ class Harness:
                 "replay_vs_upstream": (replayed - self.upstream(scenario)).abs().max().item()}  # fmt: skip
 
 
+class Family(NamedTuple):
+    """How the model's prompts are written and how large its media are (enough tokens to cut a video)."""
+
+    prompt: Callable[..., str]
+    image: str
+    video: str
+    side: int  # pixels of the test image and clip
+    pruned_frames: int  # frames of the pruned clip: at q = .75 its kept tokens reach beyond group 0
+
+
+def family_of(model) -> Family:
+    from sglang_evs.testing import requests
+
+    if model.config.architectures[0].startswith("Glm4v"):
+        return Family(requests.glm4v_chat_prompt, requests.GLM4V_IMAGE, requests.GLM4V_VIDEO, 112, 24)
+    return Family(requests.chat_prompt, requests.IMAGE, requests.VIDEO, 64, 8)
+
+
 def nonzero_rows(tensor: torch.Tensor) -> int:
     return int(tensor.abs().sum(dim=1).gt(0).sum())
 
 
-def pruned_chunks(harness: Harness) -> dict:
+def pruned_chunks(harness: Harness, family: Family) -> dict:
     """A video at q = .75 prefilled in two chunks, the cut inside its pruned region."""
     from sglang_evs.testing.media import write_clip
-    from sglang_evs.testing.requests import VIDEO, chat_prompt
 
-    video = write_clip(harness.media / "pruned.mp4", "moving", fps=4, num_frames=8, height=64, width=64)
-    req = harness.request("pruned", chat_prompt(VIDEO, text="What moves?"), videos=[video],
+    side = family.side
+    frames = family.pruned_frames
+    video = write_clip(harness.media / "pruned.mp4", "moving", fps=4, num_frames=frames, height=side, width=side)
+    req = harness.request("pruned", family.prompt(family.video, text="What moves?"), videos=[video],
                           processor_kwargs={"video_pruning_rate": VIDEO_PRUNING_RATE})  # fmt: skip
-    (start, end), total = req.multimodal_inputs.mm_items[0].offsets[0], req.extend_end
+    offsets, total = req.multimodal_inputs.mm_items[0].offsets, req.extend_end
+    start, end = offsets[0][0], offsets[-1][1]  # the pruned region: first pad to last
     cut = (start + end) // 2
     chunks = []
     for prefix, extend_end in ((0, cut), (cut, total)):
@@ -156,7 +181,7 @@ def pruned_chunks(harness: Harness) -> dict:
         replayed, on_graph = harness.forward(scenario, graph=True)  # the next chunk attends to this KV
         chunks.append({"tokens": scenario.tokens, "replayed": on_graph,
                        "replay_vs_eager": (replayed - eager).abs().max().item()})  # fmt: skip
-    unpruned = harness.request("unpruned", chat_prompt(VIDEO, text="What moves?"), videos=[video])
+    unpruned = harness.request("unpruned", family.prompt(family.video, text="What moves?"), videos=[video])
     return {"chunks": chunks, "cut_inside_region": start < cut < end, "tokens": total,
             "unpruned_tokens": unpruned.extend_end}  # fmt: skip
 
@@ -191,44 +216,48 @@ def main() -> None:
     from sglang_evs.models import adapter
     from sglang_evs.models.graph_inputs import GraphInputs
     from sglang_evs.testing.media import write_clip, write_image
-    from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt
 
     harness = Harness(sys.argv[1])
     graph_runner, buffers = harness.graph_runner, harness.model.model.graph_inputs
-    constructed = buffers.deepstack.data_ptr()
-    image = write_image(harness.media / "image.png", 64, 64)
-    video = write_clip(harness.media / "clip.mp4", "moving", fps=4, num_frames=8, height=64, width=64)
+    family, deepstack = family_of(harness.model), buffers.deepstack is not None
+    constructed = buffers.deepstack.data_ptr() if deepstack else None
+    side, prompt = family.side, family.prompt
+    image = write_image(harness.media / "image.png", side, side)
+    video = write_clip(harness.media / "clip.mp4", "moving", fps=4, num_frames=8, height=side, width=side)
     mixed = harness.scenario("mixed", [
-        harness.request("image", chat_prompt(IMAGE, text="What is it?"), images=[image]),
-        harness.request("text", chat_prompt(text="Count to five.")),
-        harness.request("video", chat_prompt(VIDEO, text="What moves?"), videos=[video]),
+        harness.request("image", prompt(family.image, text="What is it?"), images=[image]),
+        harness.request("text", prompt(text="Count to five.")),
+        harness.request("video", prompt(family.video, text="What moves?"), videos=[video]),
     ])  # fmt: skip
-    text = harness.scenario("text", [harness.request("text2", chat_prompt(text="Name three colours."))])
+    text = harness.scenario("text", [harness.request("text2", prompt(text="Name three colours."))])
 
     segments = [seg for graph in graph_runner.backend._graphs.values() for seg in graph._segments]
     report = {
+        "model": type(harness.model).__name__,
         "runner": type(graph_runner).__name__,
         "backend": type(graph_runner.backend).__name__,
         "buckets": sorted(graph_runner.capture_num_tokens),
         "capacity": buffers.capacity,
         "segments": len(segments),
-        "graph_reads_deepstack_buffer": any(seg.graph.reads(buffers.deepstack) for seg in segments),
         "graph_reads_positions_buffer": any(seg.graph.reads(buffers.positions) for seg in segments),
     }
     report["mixed"] = harness.replay_vs_upstream(mixed)
-    report["mixed"]["deepstack_rows"] = nonzero_rows(buffers.deepstack)
-    stale = nonzero_rows(buffers.deepstack)
-    report["text_after_media"] = {"stale_rows_before": stale, **harness.replay_vs_upstream(text)}
-    report["pruned"] = pruned_chunks(harness)
-    report["deepstack_ptr"] = {"constructed": constructed, "final": buffers.deepstack.data_ptr()}
+    if deepstack:
+        report["graph_reads_deepstack_buffer"] = any(seg.graph.reads(buffers.deepstack) for seg in segments)
+        report["mixed"]["deepstack_rows"] = nonzero_rows(buffers.deepstack)
+        report["text_after_media"] = {"stale_rows_before": nonzero_rows(buffers.deepstack)}
+    report["text_after_media"] = {**report.get("text_after_media", {}), **harness.replay_vs_upstream(text)}
+    report["pruned"] = pruned_chunks(harness, family)
+    if deepstack:
+        report["deepstack_ptr"] = {"constructed": constructed, "final": buffers.deepstack.data_ptr()}
 
     # The buffers now hold the last chunk's rows: a replay that does not rewrite them reads those.
     with patched(adapter, "fill_graph_inputs", post_process_without_writes):
-        without_writes = harness.replay_vs_upstream(mixed)
-    with patched(GraphInputs, "write", write_keeping_deepstack):
-        harness.forward(mixed, graph=True)
-        stale_deepstack = harness.replay_vs_upstream(text)
-    report["broken"] = {"without_buffer_writes": without_writes, "stale_deepstack": stale_deepstack}
+        report["broken"] = {"without_buffer_writes": harness.replay_vs_upstream(mixed)}
+    if deepstack:
+        with patched(GraphInputs, "write", write_keeping_deepstack):
+            harness.forward(mixed, graph=True)
+            report["broken"]["stale_deepstack"] = harness.replay_vs_upstream(text)
     print("REPORT " + json.dumps(report))
 
 
