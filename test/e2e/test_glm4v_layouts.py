@@ -1,13 +1,13 @@
-"""GLM-4.1V under `--pp-size 2` and `--tp-size 2`: q = 0 bit-identical to upstream with the same flags, pruning
-equal to one server.
+"""GLM-4.1V and GLM-4.5V under `--pp-size 2` and `--tp-size 2`: q = 0 bit-identical to upstream with the same
+flags, pruning equal to one server.
 
 The same checks as `test_pipeline_parallel.py` and `test_tensor_parallel.py` run for Qwen3-VL, on the family
-with its own processor: 64-token chunks that cut every video, 6-group clips, float32. Five servers, started
-together: upstream and the plugin at pp = 2 and at tp = 2, and the plugin on one rank (the reference for
-pruning). Requests sent alone are compared exactly against upstream; a batch request's requests may share
-their forwards differently from run to run (pipeline micro-batches), so there and against another split of
-the layers (pp = 1) tokens and prompt lengths are exact and logprobs within `TOLERANCE`. A TP = 2 server
-sums partial products in another order than one rank, so against one rank its tokens are compared.
+with its own processor, dense and MoE: 64-token chunks that cut every video, 6-group clips, float32. Per model
+five servers, started together: upstream and the plugin at pp = 2 and at tp = 2, and the plugin on one rank
+(the reference for pruning). Requests sent alone are compared exactly against upstream; a batch request's
+requests may share their forwards differently from run to run (pipeline micro-batches), so there and against
+another split of the layers (pp = 1) tokens and prompt lengths are exact and logprobs within `TOLERANCE`. A
+TP = 2 server sums partial products in another order than one rank, so against one rank its tokens are compared.
 """
 
 import pytest
@@ -71,10 +71,14 @@ def serve(base_url: str, files: dict, setting: dict) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def served(tiny_glm4v_dir, glm_media, tmp_path_factory) -> dict:
-    """{(server, setting): results}."""
-    folder = tmp_path_factory.mktemp("glm_layout_servers")
+MODELS = {"Glm4vForConditionalGeneration": "tiny_glm4v_dir", "Glm4vMoeForConditionalGeneration": "tiny_glm4v_moe_dir"}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def served(request, glm_media, tmp_path_factory) -> dict:
+    """{(server, setting): results} for one model."""
+    model_dir = request.getfixturevalue(MODELS[request.param])
+    folder = tmp_path_factory.mktemp(f"layouts-{request.param}")
     upstream = {"SGLANG_PLUGINS": "none"}
     plans = {
         "upstream pp2": (["--pp-size", "2"], upstream, ["q=0"]),
@@ -84,7 +88,7 @@ def served(tiny_glm4v_dir, glm_media, tmp_path_factory) -> dict:
         "plugin one rank": ([], {}, list(SETTINGS)),
     }
     launches = [
-        Launch(tiny_glm4v_dir, folder / f"{name.replace(' ', '-')}.log", [*ARGS, *extra], env)
+        Launch(model_dir, folder / f"{name.replace(' ', '-')}.log", [*ARGS, *extra], env)
         for name, (extra, env, _) in plans.items()
     ]
     out = {}
