@@ -78,6 +78,8 @@ INTERNALS: dict[str, str] = {
     "evs_core": "sglang.srt.multimodal.evs.evs_core:",
     # tools that run SGLang's pieces in their own process (visualize.py, bench/inprocess.py)
     "preprocess_video": "sglang.srt.multimodal.processors.qwen_vl:preprocess_video",
+    "glm_sample_and_decode": "sglang.srt.multimodal.processors.glm4v:glm_sample_and_decode_sync",
+    "glm_video_config": "sglang.srt.multimodal.processors.glm4v:glm_processor_video_config",
     "load_video": "sglang.srt.utils.common:load_video",
     "one_batch": "sglang.benchmark.one_batch:",
     "ServerArgs": "sglang.srt.server_args:ServerArgs",

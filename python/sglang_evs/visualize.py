@@ -2,7 +2,8 @@
 
     python -m sglang_evs.visualize CLIP --model-path PATH [--rate 0.75] [--method evs|vidcom2] -o kept.png
 
-The frames are sampled as SGLang's Qwen-VL processor samples them, encoded by the checkpoint's own
+The frames are sampled as SGLang's processor of the checkpoint's family samples them (Qwen-VL's, or GLM's
+own sampler for GLM-4.1V / GLM-4.5V), encoded by the checkpoint's own
 vision tower (HF transformers, the same weights the server loads), and scored by the same keep-mask
 the server uses (`methods.METHODS`) on the same rows (`[main | deepstack...]` where the tower has
 deepstack levels). One tile per temporal group (its first frame, at the size the tower saw it),
@@ -42,10 +43,7 @@ def kept_tokens(model_path: str | Path, clip: str | Path, rate: float, method: s
 
     processor = AutoProcessor.from_pretrained(model_path)
     model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
-    frames, metadata = asyncio.run(sglang.preprocess_video(sglang.load_video(str(clip), use_gpu=False)))
-    # Qwen3-family processors take SGLang's sampling metadata (timestamps); Qwen2-family ones do not
-    qwen3 = model.config.model_type.startswith("qwen3")
-    extra = {"video_metadata": [metadata], "do_sample_frames": False} if qwen3 and metadata is not None else {}
+    frames, extra = sampled_frames(model.config.model_type, processor.video_processor, clip)
     inputs = processor.video_processor(videos=[frames], return_tensors="pt", **extra)
     grid = inputs["video_grid_thw"]
     vision = model.config.vision_config
@@ -63,6 +61,21 @@ def kept_tokens(model_path: str | Path, clip: str | Path, rate: float, method: s
     return KeptTokens(
         resized, mask, (t, gh, gw), vision.patch_size * vision.spatial_merge_size, vision.spatial_merge_size
     )
+
+
+def sampled_frames(model_type: str, video_processor, clip: str | Path) -> tuple[torch.Tensor, dict]:
+    """The frames SGLang's processor for the family samples from ``clip``, [N, 3, H, W] uint8, and what the HF
+    video processor must be told of them (their timestamps, and not to sample again)."""
+    video = sglang.load_video(str(clip), use_gpu=False)
+    if model_type.startswith("glm4v"):
+        config = sglang.glm_video_config(video_processor)
+        frames, metadata = sglang.glm_sample_and_decode(video, config, video_processor)
+        frames = torch.as_tensor(frames).permute(0, 3, 1, 2).contiguous()
+        return frames, {"video_metadata": [metadata], "do_sample_frames": False}
+    frames, metadata = asyncio.run(sglang.preprocess_video(video))
+    # Qwen3-family processors take SGLang's sampling metadata (timestamps); Qwen2-family ones do not
+    qwen3 = model_type.startswith("qwen3")
+    return frames, ({"video_metadata": [metadata], "do_sample_frames": False} if qwen3 and metadata is not None else {})
 
 
 def cell_origin(kept: KeptTokens, group: int, row: int, col: int, columns: int) -> tuple[int, int]:
@@ -101,7 +114,7 @@ def draw(kept: KeptTokens, columns: int = 4):
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("clip", type=Path)
-    parser.add_argument("--model-path", required=True, help="a supported Qwen VLM checkpoint (tiny or real)")
+    parser.add_argument("--model-path", required=True, help="a checkpoint the plugin prunes (tiny or real)")
     parser.add_argument("--rate", type=float, default=0.75, help="pruning rate q (VidCom2: 1 - retention ratio)")
     parser.add_argument("--method", choices=sorted(METHODS), default="evs")
     parser.add_argument("-o", "--output", type=Path, default=Path("kept.png"))

@@ -7,6 +7,7 @@ upstream, exact counts, an HF oracle at the reference positions, chunked prefill
 concurrent mixed media, usage and Prometheus counts.
 """
 
+import dataclasses
 import sys
 from functools import cache
 from pathlib import Path
@@ -287,6 +288,28 @@ def test_the_tolerance_tells_a_one_position_error(servers):
     reply = video(servers[DENSE, "on"], clip, 0.75)
     one_off = hf_pruned_greedy(servers["dirs"][DENSE], clip, served_mask(servers["trace", DENSE]), shift_from_video=1)
     assert logprob_gap(reply, one_off) > 10 * GLM_HF_TOLERANCE
+
+
+def test_the_visualizer_scores_the_frames_the_server_encodes(servers, monkeypatch):
+    """`python -m sglang_evs.visualize` on a GLM checkpoint samples as GLM's processor does: its grid is the
+    server's, and the server's mask is the EVS oracle's on the rows the visualizer scored, up to ties (HF's
+    tower against SGLang's)."""
+    from sglang_evs import visualize
+
+    evs, scored = visualize.METHODS["evs"], {}
+
+    def recording(rows, grid, merge, rate):
+        scored["args"] = rows, grid, merge, rate
+        return evs.retention_mask(rows, grid, merge, rate)
+
+    monkeypatch.setitem(visualize.METHODS, "evs", dataclasses.replace(evs, retention_mask=recording))
+    clip = unseen_clip(servers, "moving", "visualize")
+    reply = video(servers[DENSE, "on"], clip, 0.5)
+    kept = visualize.kept_tokens(servers["dirs"][DENSE], clip, 0.5)
+    t, gh, gw = kept.grid
+    assert (t, gh * gw // kept.merge**2) == (GROUPS, TOKENS_PER_GROUP)
+    assert int(kept.mask.sum()) == reply.meta["video_tokens"] == evs_count(0.5)
+    assert_masks_agree_up_to_ties(served_mask(servers["trace", DENSE])(kept.mask, None, None, None), *scored["args"])
 
 
 # --- chunked prefill, radix hits, several media per request and per batch
