@@ -45,24 +45,29 @@ def cases(media) -> dict[str, tuple[str, dict]]:
     }
 
 
-def serve(base_url: str, media, rate: dict) -> dict:
-    """Each case alone, a radix repeat of the last, and a batch mixing text, image and video, all at `rate`,
-    from an empty radix cache (chunk boundaries after a cache hit depend on what was cached)."""
-    flush_cache(base_url)
+def batch(media) -> dict:
+    """One batch request of an image, a text and a video prompt."""
     alone = cases(media)
-    out = {name: generate(base_url, prompt, max_new_tokens=10, **kwargs, **rate)[0]
-           for name, (prompt, kwargs) in alone.items()}  # fmt: skip
-    prompt, kwargs = alone["image+video"]
-    out["radix repeat"] = generate(base_url, prompt, max_new_tokens=10, **kwargs, **rate)[0]
+    return {
+        "text": [alone[name][0] for name in ("image", "text", "video")],
+        "image_data": [[str(media / "image.png")], [], []],
+        "video_data": [[], [], [str(media / "static.mp4")]],
+    }
+
+
+def serve(base_url: str, alone: dict[str, tuple[str, dict]], batched: dict, setting: dict) -> dict:
+    """Each case of `alone` by itself, a radix repeat of its last, and the `batched` request (`text`,
+    `image_data`, `video_data`), all at `setting`, each from an empty radix cache (chunk boundaries after a
+    cache hit depend on what was cached)."""
     flush_cache(base_url)
-    out["batch"] = generate(
-        base_url,
-        [alone[name][0] for name in ("image", "text", "video")],
-        max_new_tokens=10,
-        image_data=[[str(media / "image.png")], [], []],
-        video_data=[[], [], [str(media / "static.mp4")]],
-        **rate,
-    )
+    out = {name: generate(base_url, prompt, max_new_tokens=10, **kwargs, **setting)[0]
+           for name, (prompt, kwargs) in alone.items()}  # fmt: skip
+    prompt, kwargs = list(alone.values())[-1]
+    out["radix repeat"] = generate(base_url, prompt, max_new_tokens=10, **kwargs, **setting)[0]
+    flush_cache(base_url)
+    prompts = batched["text"]
+    media = {key: batched[key] for key in ("image_data", "video_data")}
+    out["batch"] = generate(base_url, prompts, max_new_tokens=10, **media, **setting)
     return out
 
 
@@ -84,14 +89,14 @@ def served(tiny_qwen3_vl_six_layers_dir, media_dir, tmp_path_factory):
     with running_servers(*launches) as servers:
         for server, (server_name, (_, _, settings)) in zip(servers, plans.items(), strict=True):
             for setting, rate in settings.items():
-                out[server_name, setting] = serve(server.base_url, media_dir, rate)
+                out[server_name, setting] = serve(server.base_url, cases(media_dir), batch(media_dir), rate)
     return out
 
 
-def assert_close(ours, reference) -> None:
-    assert (ours.output_ids, ours.prompt_tokens) == (reference.output_ids, reference.prompt_tokens)
+def assert_close(ours, reference, context: str = "") -> None:
+    assert (ours.output_ids, ours.prompt_tokens) == (reference.output_ids, reference.prompt_tokens), context
     gap = logprob_gap(ours, reference)
-    assert gap <= TOLERANCE, gap
+    assert gap <= TOLERANCE, (context, gap)
 
 
 def test_pp2_at_q0_is_bit_identical_to_upstream_pp2(served):
