@@ -13,6 +13,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 
 from sglang_evs import trace
@@ -202,6 +203,22 @@ def test_what_pruning_saved_is_reported_per_request_and_per_server(servers, arch
     assert served.meta["video_tokens_before_pruning"] == delta["video_tokens_before_pruning"] == unpruned
     assert served.meta["video_tokens_after_pruning"] == delta["video_tokens_after_pruning"] == evs_count(0.75)
     assert delta["pruned_videos"] == 1
+
+
+def test_a_bad_rate_gets_400_and_the_server_serves_on(servers, clips):
+    server = servers[DENSE, "on"]
+    before = video(server, clips["noise"], 0.5)
+    for rate in (1.5, "fast"):
+        body = {
+            "text": glm4v_chat_prompt(GLM4V_VIDEO),
+            "video_data": [str(clips["noise"])],
+            "mm_processor_kwargs": {"video_pruning_rate": rate},
+            "sampling_params": {"max_new_tokens": 2},
+        }
+        response = requests.post(f"{server.base_url}/generate", json=body, timeout=120)
+        assert response.status_code == 400 and "video_pruning_rate must be a number in [0, 1)" in response.text
+    after = video(server, clips["noise"], 0.5)
+    assert (after.output_ids, after.prompt_tokens) == (before.output_ids, before.prompt_tokens)
 
 
 # --- the independent oracle: HF transformers' GLM-4.1V given the kept rows at its own positions
