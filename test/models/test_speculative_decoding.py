@@ -17,6 +17,7 @@ import asyncio
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -77,6 +78,13 @@ SETTINGS = {  # name -> the request's pruning fields
 }
 
 
+class TracedRequest(NamedTuple):
+    clip: Path  # a clip no earlier request sent
+    reply: Generation  # at q = .5
+    events: list[dict]  # its rope_positions events
+    kept: list[int]  # its keep-mask (kept pad indices)
+
+
 @dataclass
 class Served:
     speculating: dict[tuple[str, str], Generation] = field(default_factory=dict)  # (case, setting)
@@ -86,10 +94,7 @@ class Served:
     mixed_alone: list[Generation] = field(default_factory=list)
     mixed_together: list[Generation] = field(default_factory=list)
     mixed_prefill: tuple[int, int, int] = (0, 0, 0)
-    traced: Generation | None = None  # an unseen clip at .5
-    traced_events: list[dict] = field(default_factory=list)  # its rope_positions events
-    traced_kept: list[int] = field(default_factory=list)  # its keep-mask (kept pad indices)
-    traced_clip: Path | None = None
+    traced: TracedRequest | None = None
     moe: dict[str, Generation] = field(default_factory=dict)  # "speculating" / "plain"
     benchmark: dict = field(default_factory=dict)  # benchmark/bench_speculative.py's summary
 
@@ -101,6 +106,17 @@ def mixed(all_cases: dict[str, tuple[str, dict]]) -> list[tuple[str, dict, float
     more = [(all_cases[name][0], all_cases[name][1], q) for name, q in
             (("video", 0.5), ("two_videos", 0.75), ("image_video", 0.0))]  # fmt: skip
     return first + more
+
+
+def trace_pruned_request(base_url: str, trace_path: Path, out: Path, seed: int) -> TracedRequest:
+    """An unseen clip at q = .5 on a server traced with positions, and what the trace shows of it. At .5 the
+    kept tokens spill past the first group: their layout before the mask (the canonical split,
+    `methods/canonical.py`) is not the mask's, so the request's positions must be corrected."""
+    clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=seed)
+    events_before = len(trace.read(trace_path, "rope_positions"))
+    reply = ask(base_url, (chat_prompt(VIDEO), media_kwargs(videos=[clip])), per_request_rate(0.5))
+    events = trace.read(trace_path, "rope_positions")[events_before:]
+    return TracedRequest(clip, reply, events, trace.read(trace_path, "keep_mask")[-1]["kept"])
 
 
 def ask(base_url: str, case: tuple[str, dict], setting: dict) -> Generation:
@@ -145,14 +161,7 @@ def serve_qwen3_5(servers, all_cases: dict, clips: dict[str, Path], out: Path) -
     served.mixed_alone = send_alone(plain.base_url, mixed(all_cases))
     served.mixed_together, served.mixed_prefill = send_together(speculating.base_url, mixed(all_cases), trace_path)
 
-    served.traced_clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=41)
-    events_before = len(trace.read(trace_path, "rope_positions"))
-    # at .5 the kept tokens spill past the first group: their layout before the mask (the canonical
-    # split, `methods/canonical.py`) is not the mask's, so the request's positions must be corrected
-    served.traced = ask(speculating.base_url, (chat_prompt(VIDEO), media_kwargs(videos=[served.traced_clip])),
-                        per_request_rate(0.5))  # fmt: skip
-    served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
-    served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
+    served.traced = trace_pruned_request(speculating.base_url, trace_path, out, seed=41)
 
     bench = load_benchmark("bench_speculative")  # its measurement, on this module's two Qwen3.5 servers
     samples = bench.measure({True: speculating.base_url, False: plain.base_url}, clips["moving"], 0.75, 2, 6)
@@ -278,11 +287,11 @@ def expected_positions(event: dict, rule: torch.Tensor, offset: int) -> torch.Te
     return out
 
 
-def assert_forwards_at_the_rules_positions(traced: Generation, events: list[dict], kept: list[int],
-                                          model_dir: Path, clip: Path) -> None:  # fmt: skip
+def assert_forwards_at_the_rules_positions(traced_request: TracedRequest, model_dir: Path) -> None:
+    clip, reply, events, kept = traced_request
     rule, offset = rule_positions(str(model_dir), str(clip), tuple(kept))
-    assert traced.prompt_tokens == rule.shape[1]
-    assert traced.meta["video_tokens_after_pruning"] < traced.meta["video_tokens_before_pruning"]
+    assert reply.prompt_tokens == rule.shape[1]
+    assert reply.meta["video_tokens_after_pruning"] < reply.meta["video_tokens_before_pruning"]
     assert offset == int(rule.max()) + 1 - rule.shape[1]  # decode continues after the unpruned prompt
     seen = {(event["model"], event["mode"]) for event in events}
     assert {("target", "EXTEND"), ("draft", "EXTEND"), ("target", "TARGET_VERIFY"), ("draft", "DECODE"),
@@ -295,13 +304,11 @@ def assert_forwards_at_the_rules_positions(traced: Generation, events: list[dict
         if event["mode"] == "EXTEND":
             prompt_rows[event["model"]] += got.shape[1]
     # every prompt row went through both, chunk by chunk (less what the radix cache held)
-    assert prompt_rows["target"] == prompt_rows["draft"] == rule.shape[1] - traced.cached_tokens
+    assert prompt_rows["target"] == prompt_rows["draft"] == rule.shape[1] - reply.cached_tokens
 
 
 def test_every_draft_and_target_forward_of_a_pruned_request_uses_the_rules_positions(served, tiny_qwen3_5_mtp_dir):
-    assert_forwards_at_the_rules_positions(
-        served.traced, served.traced_events, served.traced_kept, tiny_qwen3_5_mtp_dir, served.traced_clip
-    )
+    assert_forwards_at_the_rules_positions(served.traced, tiny_qwen3_5_mtp_dir)
 
 
 # --- Qwen3-VL with an EAGLE3 draft model whose config reads M-RoPE (SGLang's `LlamaForCausalLMEagle3`) ---
@@ -312,10 +319,7 @@ class ServedEagle3:
     speculating: dict[tuple[str, str], Generation] = field(default_factory=dict)
     plain: dict[tuple[str, str], Generation] = field(default_factory=dict)
     upstream: dict[str, Generation] = field(default_factory=dict)
-    traced: Generation | None = None
-    traced_events: list[dict] = field(default_factory=list)
-    traced_kept: list[int] = field(default_factory=list)
-    traced_clip: Path | None = None
+    traced: TracedRequest | None = None
 
 
 @pytest.fixture(scope="module")
@@ -347,12 +351,7 @@ def serve_eagle3(servers, all_cases: dict, out: Path) -> ServedEagle3:
         for setting_name in ("evs q=0.5", "evs q=0.75", "vidcom2 q=0.75"):
             served.speculating[name, setting_name] = ask(speculating.base_url, all_cases[name], SETTINGS[setting_name])
             served.plain[name, setting_name] = ask(plain.base_url, all_cases[name], SETTINGS[setting_name])
-    served.traced_clip = media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=43)
-    events_before = len(trace.read(trace_path, "rope_positions"))
-    served.traced = ask(speculating.base_url, (chat_prompt(VIDEO), media_kwargs(videos=[served.traced_clip])),
-                        per_request_rate(0.5))  # fmt: skip
-    served.traced_events = trace.read(trace_path, "rope_positions")[events_before:]
-    served.traced_kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
+    served.traced = trace_pruned_request(speculating.base_url, trace_path, out, seed=43)
     return served
 
 
@@ -395,7 +394,4 @@ def test_eagle3_pruned_videos_get_the_tokens_of_no_speculation(served_eagle3):
 
 
 def test_eagle3_draft_and_target_forwards_use_the_rules_positions(served_eagle3, tiny_qwen3_vl_six_layers_dir):
-    assert_forwards_at_the_rules_positions(
-        served_eagle3.traced, served_eagle3.traced_events, served_eagle3.traced_kept,
-        tiny_qwen3_vl_six_layers_dir, served_eagle3.traced_clip,
-    )  # fmt: skip
+    assert_forwards_at_the_rules_positions(served_eagle3.traced, tiny_qwen3_vl_six_layers_dir)
