@@ -242,11 +242,11 @@ def main() -> None:
         "graph_reads_positions_buffer": any(seg.graph.reads(buffers.positions) for seg in segments),
     }
     report["mixed"] = harness.replay_vs_upstream(mixed)
+    stale = {}
     if deepstack:
         report["graph_reads_deepstack_buffer"] = any(seg.graph.reads(buffers.deepstack) for seg in segments)
-        report["mixed"]["deepstack_rows"] = nonzero_rows(buffers.deepstack)
-        report["text_after_media"] = {"stale_rows_before": nonzero_rows(buffers.deepstack)}
-    report["text_after_media"] = {**report.get("text_after_media", {}), **harness.replay_vs_upstream(text)}
+        report["mixed"]["deepstack_rows"] = stale["stale_rows_before"] = nonzero_rows(buffers.deepstack)
+    report["text_after_media"] = {**stale, **harness.replay_vs_upstream(text)}
     report["pruned"] = pruned_chunks(harness, family)
     if deepstack:
         report["deepstack_ptr"] = {"constructed": constructed, "final": buffers.deepstack.data_ptr()}
