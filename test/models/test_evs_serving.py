@@ -191,6 +191,31 @@ def hf_greedy_decode(
     return tokens, logprobs
 
 
+def hf_greedy_on_kept(
+    model, embeds: torch.Tensor, positions: torch.Tensor, delta, keep: torch.Tensor, video_rows: torch.Tensor,
+    steps: int, shift_from_video: int = 0, shift_text_back: bool = False,
+    visual: torch.Tensor | None = None, deepstack: list[torch.Tensor] | None = None,
+) -> HFReference:  # fmt: skip
+    """The reference rule on a prompt HF laid out unpruned: the rows in ``keep`` [T] bool, at the positions
+    the model's own ``get_rope_index`` gave them (``positions`` [3, 1, T], changed in place; ``delta`` its
+    decode offset), greedily decoded (``hf_greedy_decode``; ``visual`` [T] bool, unpruned, and the kept
+    ``deepstack`` rows for Qwen3-VL). ``video_rows`` [T] bool marks the video's rows. Two controls:
+    ``shift_from_video``, every token from the video's first row on (generated ones too) moved by that many
+    positions (a one-position error); ``shift_text_back``, the text after the video moved back by the
+    pruned count, as a rule that renumbers the compacted sequence would place it."""
+    pruned, index = int((~keep).sum()), torch.arange(keep.numel())
+    if shift_text_back:
+        positions[:, :, index > int(video_rows.nonzero().max())] -= pruned
+    if shift_from_video:
+        positions[:, :, index >= int(video_rows.nonzero().min())] += shift_from_video
+    offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
+    kept_visual = None if visual is None else visual[keep]
+    tokens, logprobs = hf_greedy_decode(
+        model, embeds[keep], positions[:, :, keep], offset, steps, kept_visual, deepstack
+    )
+    return HFReference(tokens, int(keep.sum()), logprobs)
+
+
 def hf_pruned_greedy(
     model_dir: Path, clip: Path, q: float, steps: int = 8, keep_mask=compute_retention_mask, shift_from_video: int = 0
 ) -> HFReference:
@@ -220,12 +245,9 @@ def hf_pruned_greedy(
         keep[is_pad] = mask
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_pad] = main
-        positions[:, :, torch.arange(len(ids)) >= int(is_pad.nonzero().min())] += shift_from_video
-        embeds, positions, visual = embeds[keep], positions[:, :, keep], is_pad[keep]
         deepstack = [level[mask] for level in levels]
-        offset = int(delta) + int((~keep).sum()) + shift_from_video
-        tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps, visual, deepstack)
-    return HFReference(tokens, int(keep.sum()), logprobs)
+        return hf_greedy_on_kept(model, embeds, positions, delta, keep, is_pad, steps, shift_from_video,
+                                 visual=is_pad, deepstack=deepstack)  # fmt: skip
 
 
 MASK_TIE = 1e-3  # score gap within which SGLang's and HF's encoders may rank two rows differently

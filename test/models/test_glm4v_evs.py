@@ -39,7 +39,7 @@ from test_evs_serving import (  # noqa: E402
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
     assert_same_generation,
-    hf_greedy_decode,
+    hf_greedy_on_kept,
     served_mask,
 )
 
@@ -259,10 +259,7 @@ def hf_pruned_greedy(model_dir: Path, clip: Path, keep_mask, steps: int = 8, shi
         keep[is_row] = mask
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_row] = rows
-        positions[:, :, torch.arange(len(ids)) >= int(is_row.nonzero().min())] += shift_from_video
-        offset = int(delta) + int((~keep).sum()) + shift_from_video
-        tokens, logprobs = hf_greedy_decode(model, embeds[keep], positions[:, :, keep], offset, steps)
-    return HFReference(tokens, int(keep.sum()), logprobs)
+        return hf_greedy_on_kept(model, embeds, positions, delta, keep, is_row, steps, shift_from_video)
 
 
 def unseen_clip(servers, kind: str, tag: str) -> Path:

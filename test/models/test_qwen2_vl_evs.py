@@ -39,7 +39,7 @@ from test_evs_serving import (  # noqa: E402
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
     assert_same_generation,
-    hf_greedy_decode,
+    hf_greedy_on_kept,
     served_in_chunks,
     served_mask,
     unseen_clip,
@@ -198,14 +198,8 @@ def hf_pruned_greedy(
         keep[is_pad] = mask
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_pad] = rows
-        pruned = int((~keep).sum())
-        if shift_text_back:
-            positions[:, :, torch.arange(len(ids)) > int(is_pad.nonzero().max())] -= pruned
-        positions[:, :, torch.arange(len(ids)) >= int(is_pad.nonzero().min())] += shift_from_video
-        embeds, positions = embeds[keep], positions[:, :, keep]
-        offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
-        tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps)
-    return HFReference(tokens, int(keep.sum()), logprobs)
+        return hf_greedy_on_kept(model, embeds, positions, delta, keep, is_pad, steps, shift_from_video,
+                                 shift_text_back)  # fmt: skip
 
 
 # Served vs HF logprobs, float32 (measured on these clips): Qwen2-VL within 1e-4, as Qwen3-VL.

@@ -46,7 +46,7 @@ from test_evs_serving import (  # noqa: E402
     HFReference,
     assert_matches_hf,
     assert_same_generation,
-    hf_greedy_decode,
+    hf_greedy_on_kept,
 )
 from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
 
@@ -351,15 +351,9 @@ def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Pat
             embeds[is_pad] = rows
             if q > 0:
                 keep[is_pad] = keep_mask(rows, grid[0], cfg.vision_config.spatial_merge_size, q)
-        pruned = int((~keep).sum())
-        if shift_text_back:
-            positions[:, :, torch.arange(len(ids)) > int(is_pad.nonzero().max())] -= pruned
-        if shift_from_video:
-            positions[:, :, torch.arange(len(ids)) >= int(is_pad.nonzero().min())] += shift_from_video
-        embeds, positions = embeds[keep], positions[:, :, keep]
-        offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
-        tokens, logprobs = hf_greedy_decode(model, embeds, positions, offset, steps)
-    return HFReference(tokens, int(keep.sum()), logprobs)
+        video_rows = ids == cfg.video_token_id
+        return hf_greedy_on_kept(model, embeds, positions, delta, keep, video_rows, steps, shift_from_video,
+                                 shift_text_back)  # fmt: skip
 
 
 def test_unpruned_greedy_tokens_equal_hf(served, arch, media_dir, request):
