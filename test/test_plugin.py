@@ -1,5 +1,6 @@
 """The plugin is found through SGLang's entry-point group and announces itself once per process."""
 
+import json
 import logging
 from importlib.metadata import entry_points
 
@@ -44,30 +45,59 @@ def test_sglang_load_plugins_runs_it():
     assert func is plugin.load_plugin and dist == "sglang-evs"
 
 
-def test_adaptive_dispatch_to_encoder_is_refused_naming_the_flag():
+def _server_args(model_dir, overrides=None, **flags):
     from types import SimpleNamespace
 
+    return SimpleNamespace(model_path=str(model_dir), json_model_override_args=overrides, **flags)
+
+
+def test_adaptive_dispatch_to_encoder_is_refused_naming_the_flag_for_our_models_only(tiny_model_dir, tiny_gemma3_dir):
+    """Only this project's models embed through its routine, which has no adaptive-dispatch path; another
+    model embeds through SGLang's own and is left to serve with the flag."""
     with pytest.raises(plugin.UnsupportedServerArgsError, match="--enable-adaptive-dispatch-to-encoder"):
-        plugin.refuse_unsupported_server_args(None, SimpleNamespace(enable_adaptive_dispatch_to_encoder=True))
-    allowed = SimpleNamespace(enable_adaptive_dispatch_to_encoder=False)
-    assert plugin.refuse_unsupported_server_args("checked", allowed) == "checked"
+        refused = _server_args(tiny_model_dir, enable_adaptive_dispatch_to_encoder=True)
+        plugin.refuse_unsupported_server_args(None, refused)
+    for allowed in (_server_args(tiny_model_dir, enable_adaptive_dispatch_to_encoder=False),
+                    _server_args(tiny_gemma3_dir, enable_adaptive_dispatch_to_encoder=True)):  # fmt: skip
+        assert plugin.refuse_unsupported_server_args("checked", allowed) == "checked"
 
 
 def test_a_server_wide_pruning_setting_for_a_model_not_pruned_is_refused(tiny_gemma3_dir, tiny_model_dir):
     """Gemma 3's processor never reads the setting: silently serving it unpruned is refused at startup."""
-    from types import SimpleNamespace
-
-    def args(model_dir, overrides):
-        return SimpleNamespace(model_path=str(model_dir), json_model_override_args=overrides)
-
     message = "Gemma3ForConditionalGeneration does not prune videos, so its video_pruning_rate would be ignored"
     with pytest.raises(plugin.UnsupportedServerArgsError, match=message):
-        plugin.refuse_unsupported_server_args(None, args(tiny_gemma3_dir, '{"video_pruning_rate": 0.5}'))
+        plugin.refuse_unsupported_server_args(None, _server_args(tiny_gemma3_dir, '{"video_pruning_rate": 0.5}'))
     with pytest.raises(ValueError, match="video_pruning_method must be one of"):  # a bad value, by its name
-        plugin.refuse_unsupported_server_args(None, args(tiny_gemma3_dir, '{"video_pruning_method": "fast"}'))
-    for serves in (args(tiny_gemma3_dir, '{"video_pruning_rate": 0}'), args(tiny_gemma3_dir, None),
-                   args(tiny_model_dir, '{"video_pruning_rate": 0.5}')):  # fmt: skip
+        plugin.refuse_unsupported_server_args(None, _server_args(tiny_gemma3_dir, '{"video_pruning_method": "fast"}'))
+    for serves in (_server_args(tiny_gemma3_dir, '{"video_pruning_rate": 0}'), _server_args(tiny_gemma3_dir),
+                   _server_args(tiny_model_dir, '{"video_pruning_rate": 0.5}')):  # fmt: skip
         assert plugin.refuse_unsupported_server_args("checked", serves) == "checked"
+
+
+def _checkpoint_naming(directory, architecture: str):
+    (directory / "config.json").write_text(json.dumps({"architectures": [architecture], "model_type": architecture}))
+    return directory
+
+
+@pytest.mark.parametrize("architecture", ["NemotronH_Nano_VL_V2", "NemotronH_Nano_Omni_Reasoning_V3"])
+def test_sglangs_own_evs_setting_is_accepted(tmp_path, architecture):
+    """Nemotron-Nano-VL is pruned by SGLang's own EVS, at the rate its documented override sets
+    (`--json-model-override-args '{"video_pruning_rate": 0.7}'`, with `--trust-remote-code`): accepted.
+    That EVS prunes with EVS only, so another method would be ignored: refused by name."""
+    checkpoint = _checkpoint_naming(tmp_path, architecture)
+    documented = _server_args(checkpoint, '{"video_pruning_rate": 0.7}', trust_remote_code=True)
+    assert plugin.refuse_unsupported_server_args("checked", documented) == "checked"
+    explicit = _server_args(checkpoint, '{"video_pruning_method": "evs", "video_pruning_rate": 0.7}')
+    assert plugin.refuse_unsupported_server_args("checked", explicit) == "checked"
+    vidcom2 = _server_args(checkpoint, '{"video_pruning_method": "vidcom2", "video_pruning_rate": 0.7}')
+    with pytest.raises(plugin.UnsupportedServerArgsError, match="SGLang's own EVS, which does not read"):
+        plugin.refuse_unsupported_server_args(None, vidcom2)
+
+
+def test_the_architecture_is_read_without_running_remote_code(tmp_path):
+    checkpoint = _checkpoint_naming(tmp_path, "SomeRemoteCodeModel")
+    assert plugin.checkpoint_architecture(_server_args(checkpoint)) == "SomeRemoteCodeModel"
+    assert plugin.checkpoint_architecture(_server_args(tmp_path / "missing")) is None
 
 
 @pytest.mark.slow

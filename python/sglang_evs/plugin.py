@@ -67,9 +67,10 @@ def register_hooks() -> None:
     from sglang_evs.models import registry
     from sglang_evs.pruning import disaggregated
 
+    # No hook on SGLang's embedding routine: this project's models call this project's routine
+    # (models/adapter.py), every other model keeps calling upstream's, untouched.
     around, after = sglang.HookType.AROUND, sglang.HookType.AFTER
     register = sglang.HookRegistry.register
-    register(sglang.hook_target("embed_routine"), route_embed_routine, around)
     register(sglang.hook_target("resolve_model_cls"), registry.resolve_model_cls_around, around)
     register(sglang.hook_target("import_processors"), register_processors, after)
     register(sglang.hook_target("compute_mm_token_counts"), count_kept_video_tokens, around)
@@ -99,64 +100,73 @@ class UnsupportedServerArgsError(ValueError):
 
 
 def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
-    """AFTER hook on ServerArgs.check_server_args: refuse, at startup, the flags whose code path
-    bypasses the plugin's embedding routine (it would fail at the first multimodal forward), and a
-    server-wide pruning setting for a model the plugin does not prune (it would be silently ignored)."""
+    """AFTER hook on ServerArgs.check_server_args: refuse, at startup, for a model this plugin serves
+    (`models.registry`), the flags whose code path bypasses its embedding routine (they would fail at
+    the first multimodal forward); and a server-wide pruning setting that nothing would read."""
+    from sglang_evs.models.registry import MODELS
     from sglang_evs.sglang_compat import UNSUPPORTED_SERVER_FLAGS
 
+    architecture = checkpoint_architecture(server_args)
     given = [flag for attr, flag in UNSUPPORTED_SERVER_FLAGS.items() if getattr(server_args, attr, False)]
-    if given:
+    if given and architecture in MODELS:
         raise UnsupportedServerArgsError(
-            f"sglang-evs does not support {', '.join(given)}: its multimodal embedding routine replaces "
-            "SGLang's for every model and has no adaptive-dispatch path; remove the flag or uninstall sglang-evs"
+            f"sglang-evs does not support {', '.join(given)} for {architecture}: this project's embedding "
+            "routine serves it and has no adaptive-dispatch path; remove the flag or uninstall sglang-evs"
         )
-    refuse_pruning_of_a_model_not_pruned(server_args)
+    refuse_pruning_nothing_reads(server_args, architecture)
     return result
 
 
-def refuse_pruning_of_a_model_not_pruned(server_args) -> None:
-    """Only the architectures in `models.registry` prune videos; any other model's processor never reads
-    the settings. A request's own setting is ignored there, as SGLang ignores `mm_processor_kwargs` a
-    processor does not read; a server-wide one that would prune is refused (a bad value too, by name)."""
+def refuse_pruning_nothing_reads(server_args, architecture: str | None) -> None:
+    """A server-wide pruning setting (`--json-model-override-args`) is read by this plugin for the
+    architectures it prunes, and by SGLang itself for the models with SGLang's own EVS (which read the
+    rate and prune with EVS only). Any other setting that would prune is refused by name, since it would
+    be ignored; so is a bad value. A request's own setting is left to the model's processor, as SGLang
+    leaves every `mm_processor_kwargs`."""
     import json
 
-    from sglang_evs.models.registry import MODELS, prunes_videos
+    from sglang_evs.methods import DEFAULT_METHOD, PRUNING_METHOD_SETTING
+    from sglang_evs.models.registry import MODELS, pruned_by_sglang, prunes_videos
     from sglang_evs.pruning.settings import NO_PRUNING, pruning_from
 
     overrides = json.loads(getattr(server_args, "json_model_override_args", None) or "{}")
-    if not pruning_from(overrides, NO_PRUNING).prunes:
+    pruning = pruning_from(overrides, NO_PRUNING)
+    if not pruning.prunes or architecture is None or prunes_videos(architecture):
         return
-    architecture = _checkpoint_architecture(server_args)
-    if architecture is not None and not prunes_videos(architecture):
-        pruned = ", ".join(name for name in MODELS if prunes_videos(name))
-        raise UnsupportedServerArgsError(
-            f"sglang-evs: {architecture} does not prune videos, so its video_pruning_rate would be ignored; "
-            f"remove the pruning settings from --json-model-override-args (video pruning serves {pruned})"
-        )
+    if pruned_by_sglang(architecture):
+        if pruning.method != DEFAULT_METHOD:
+            raise UnsupportedServerArgsError(
+                f"sglang-evs: {architecture} prunes videos with SGLang's own EVS, which does not read "
+                f"{PRUNING_METHOD_SETTING}={pruning.method.name!r}; remove it from --json-model-override-args"
+            )
+        return
+    pruned = ", ".join(MODELS)
+    raise UnsupportedServerArgsError(
+        f"sglang-evs: {architecture} does not prune videos, so its video_pruning_rate would be ignored; "
+        f"remove the pruning settings from --json-model-override-args (video pruning serves {pruned}, "
+        "and SGLang's own EVS its models built on it)"
+    )
 
 
-def _checkpoint_architecture(server_args) -> str | None:
-    """The checkpoint's architecture, read as SGLang reads it; None where it cannot be read here (SGLang
-    then reports the checkpoint itself)."""
-    from transformers import AutoConfig
+def checkpoint_architecture(server_args) -> str | None:
+    """The checkpoint's first architecture as its config.json names it (no remote code is run); None
+    where it cannot be read here (SGLang then reports the checkpoint itself)."""
+    from sglang_evs.pruning.settings import checkpoint_config
 
-    try:
-        config = AutoConfig.from_pretrained(
-            server_args.model_path, trust_remote_code=getattr(server_args, "trust_remote_code", False),
-            revision=getattr(server_args, "revision", None),
-        )  # fmt: skip
-    except (OSError, ValueError, KeyError):
-        return None
-    return (getattr(config, "architectures", None) or [None])[0]
+    return (checkpoint_config(server_args.model_path).get("architectures") or [None])[0]
 
 
 def carry_chat_pruning_setting(result, *args, **kwargs):
     """AFTER hook on the OpenAI chat handler's request conversion: a pruning setting in the chat
     request's `chat_template_kwargs` (the field sglang-router forwards) reaches the processor through
     the GenerateReqInput's `mm_processor_kwargs`. A ValueError here is SGLang's HTTP 400."""
+    from sglang_evs.models.registry import prunes_videos
     from sglang_evs.pruning.settings import chat_processor_kwargs
 
     generate_request, chat_request = result
+    architectures = getattr(args[0].tokenizer_manager.model_config.hf_config, "architectures", None) or [None]
+    if not prunes_videos(architectures[0]):  # another model's processor is handed what the client sent
+        return result
     generate_request.mm_processor_kwargs = chat_processor_kwargs(
         chat_request.chat_template_kwargs, generate_request.mm_processor_kwargs
     )
@@ -174,20 +184,6 @@ def trace_prefill_graph_replay(result, runner, forward_batch, *args, **kwargs):
         requests=int(forward_batch.batch_size),
     )
     return result
-
-
-def route_embed_routine(upstream, *args, **kwargs):
-    """AROUND hook on SGLang's general_mm_embed_routine: every caller gets this project's routine.
-
-    Every model that still passes deepstack through the routine's legacy `use_deepstack`
-    argument (upstream Qwen3-VL's forward and its subclasses) is answered by a class of this
-    project (`models/registry.py`), whose `post_process` moves deepstack into the language
-    model's fixed buffer; so the argument carries nothing the routine needs.
-    """
-    kwargs.pop("use_deepstack", None)
-    from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
-
-    return general_mm_embed_routine(*args, **kwargs)
 
 
 def register_processors(result, *args, **kwargs):

@@ -27,7 +27,8 @@ INTERNALS: dict[str, str] = {
     "BREAKABLE_CUDA_GRAPH_MM_ARCHS": (
         "sglang.srt.configs.model_config:multimodal_breakable_cuda_graph_supported_model_archs"
     ),
-    # the multimodal embedding routine we replace, and what ours builds on
+    # the multimodal embedding routine ours stands beside (every other model keeps calling it), and what
+    # ours builds on
     "general_mm_embed_routine": "sglang.srt.managers.mm_utils:general_mm_embed_routine",
     "get_embedding_and_mask": "sglang.srt.managers.mm_schedule:get_embedding_and_mask",
     "scatter_mm_embedding": "sglang.srt.managers.mm_utils:_scatter_mm_embedding",
@@ -58,13 +59,6 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen3_5MoeLLMModel": "sglang.srt.models.qwen3_5:Qwen3_5MoeForCausalLM",
     "UpstreamQwen3_5MTP": "sglang.srt.models.qwen3_5_mtp:Qwen3_5ForCausalLMMTP",  # the NEXTN draft (dense, MoE)
     "UpstreamLlamaEagle3": "sglang.srt.models.llama_eagle3:LlamaForCausalLMEagle3",  # EAGLE3 drafts
-    # the other architectures that run upstream Qwen3-VL's forward (and its legacy `use_deepstack`)
-    "UpstreamInternS1Pro": "sglang.srt.models.interns1pro:InternS1ProForConditionalGeneration",
-    "UpstreamInternS1ProTextModel": "sglang.srt.models.interns1pro:InternS1ProTextModel",
-    "UpstreamInternS2Mobius": "sglang.srt.models.interns2_mobius:InternS2MobiusForConditionalGeneration",
-    "UpstreamInternS2MobiusLLMModel": "sglang.srt.models.interns2_mobius:InternS2MobiusForCausalLM",
-    "UpstreamInternS2Preview": "sglang.srt.models.interns2preview:InternS2PreviewForConditionalGeneration",
-    "UpstreamCosmos3": "sglang.srt.models.cosmos3:Cosmos3ForConditionalGeneration",
     # Qwen2-VL, Qwen2.5-VL (both on SGLang's Qwen2 language model)
     "UpstreamQwen2VL": "sglang.srt.models.qwen2_vl:Qwen2VLForConditionalGeneration",
     "UpstreamQwen2_5_VL": "sglang.srt.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",
@@ -74,6 +68,8 @@ INTERNALS: dict[str, str] = {
     "UpstreamGlm4vMoe": "sglang.srt.models.glm4v_moe:Glm4vMoeForConditionalGeneration",
     "UpstreamGlm4Model": "sglang.srt.models.glm4:Glm4Model",
     "UpstreamGlm4MoeModel": "sglang.srt.models.glm4_moe:Glm4MoeModel",
+    # SGLang's own EVS: the base of the models SGLang prunes itself (Nemotron-Nano-VL)
+    "SGLangEVS": "sglang.srt.multimodal.evs:EVS",
     # EVS maths (pure torch), used by sglang_evs.methods.evs through resolve_file()
     "evs_core": "sglang.srt.multimodal.evs.evs_core:",
     # tools that run SGLang's pieces in their own process (visualize.py, bench/inprocess.py)
@@ -104,7 +100,6 @@ INTERNALS: dict[str, str] = {
 }
 # What the plugin hooks (HookRegistry targets), name used in this package -> "module:attribute path".
 HOOK_TARGETS: dict[str, str] = {
-    "embed_routine": "sglang.srt.managers.mm_utils:general_mm_embed_routine",
     "resolve_model_cls": "sglang.srt.models.registry:_ModelRegistry.resolve_model_cls",
     "import_processors": "sglang.srt.managers.multimodal_processor:import_processors",
     "compute_mm_token_counts": "sglang.srt.managers.schedule_batch:MultimodalInputs.compute_mm_token_counts",
@@ -137,12 +132,15 @@ HOOK_TARGETS: dict[str, str] = {
 
 # Server flags the plugin cannot serve with: ServerArgs attribute -> the command-line flag.
 UNSUPPORTED_SERVER_FLAGS: dict[str, str] = {
-    # encoder disaggregation's adaptive dispatch embeds through SGLang's own split routine
+    # encoder disaggregation's adaptive dispatch embeds through SGLang's own split routine (refused for the
+    # architectures this project serves only)
     "enable_adaptive_dispatch_to_encoder": "--enable-adaptive-dispatch-to-encoder",
 }
 
 # Checked at startup, with every hook target; the Qwen3-VL names are checked when those models load.
-STARTUP_INTERNALS = ("HookRegistry", "HookType", "ModelRegistry", "general_mm_embed_routine", "get_embedding_and_mask")
+STARTUP_INTERNALS = (
+    "HookRegistry", "HookType", "ModelRegistry", "general_mm_embed_routine", "get_embedding_and_mask", "SGLangEVS",
+)  # fmt: skip
 
 
 def hook_target(name: str) -> str:

@@ -81,20 +81,6 @@ def upstream_twin(model):
     return twin.eval()
 
 
-@contextmanager
-def upstream_routine(twin):
-    """Upstream's model calls SGLang's routine as it is without the plugin (the hook unwrapped)."""
-    import importlib
-
-    module = importlib.import_module(type(twin).__module__)
-    hooked = module.general_mm_embed_routine
-    module.general_mm_embed_routine = hooked.__wrapped__
-    try:
-        yield
-    finally:
-        module.general_mm_embed_routine = hooked
-
-
 class Harness:
     def __init__(self, model_dir: str) -> None:
         from sglang_evs.bench import inprocess
@@ -130,8 +116,7 @@ class Harness:
     def upstream(self, scenario) -> torch.Tensor:
         from sglang_evs.bench import inprocess
 
-        with upstream_routine(self.twin):
-            return inprocess.timed_forward(self.runner, self.twin, scenario)[1].clone()
+        return inprocess.timed_forward(self.runner, self.twin, scenario)[1].clone()
 
     def replay_vs_upstream(self, scenario) -> dict:
         replayed, on_graph = self.forward(scenario, graph=True)

@@ -1,13 +1,14 @@
 """For VLM families it does not prune, the plugin changes nothing: Gemma 3 and LLaVA serve bit-identically
 with and without it.
 
-Installed, the plugin replaces SGLang's `general_mm_embed_routine` for every model, these two included.
-Each family runs the same requests on two float32 servers started together: plugin on, and plugin off
+Installed, the plugin leaves these models to SGLang: its own classes and its own `general_mm_embed_routine`
+(the registry-wide table is `test_registry.py`; these servers show it on live requests). Each family runs
+the same requests on two float32 servers started together: plugin on, and plugin off
 (`SGLANG_PLUGINS=none`: SGLang loads no plugin, so its own routine serves). Prefill chunks of 16 tokens
 cut images' placeholder runs (16 pooled soft tokens for Gemma 3, 4 rows of 4 patches plus row ends for
 LLaVA) across chunks. Greedy tokens, the logprob of every generated token and the top-5 logprobs at every
 step must be equal exactly (a batch's logprobs closely: see the batch test). An event trace in both servers
-shows that the plugin's routine embedded the images in one and that no process of the other ran the plugin.
+shows that the plugin's routine embedded nothing in either, and that no process of the upstream one ran the plugin.
 """
 
 from pathlib import Path
@@ -114,14 +115,11 @@ def test_batch_matches_without_the_plugin(served, family):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_the_plugin_routine_embedded_the_images_across_chunks(served, family):
-    """The plugin's routine served this family, the images reached it, and an image's rows were split
-    between prefill chunks, so the comparison covers the chunked path."""
-    events = trace.read(served["trace", family, "on"], "embed_routine")
-    rows = [n for event in events for n in event["media_rows"]]
-    assert max(n for event in events for n in event["extend_lens"]) <= CHUNK
-    assert sum(rows) >= 4 * IMAGE_ROWS  # the image, two images and the batch's new image, at least
-    assert any(0 < n < IMAGE_ROWS for n in rows)  # images cut across chunks
+def test_upstreams_routine_embedded_the_images(served, family):
+    """The plugin was loaded in the server, and its routine never ran: SGLang's own embedded every image."""
+    assert "plugin loaded" in served["log", family, "on"]
+    path = served["trace", family, "on"]
+    assert not path.exists() or not trace.read(path, "embed_routine")
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -212,13 +212,28 @@ def test_mm_processor_kwargs_win_over_chat_template_kwargs():
     assert chat_processor_kwargs({"video_pruning_method": "vidcom2"}, own) == {"video_pruning_method": "vidcom2", **own}
 
 
+def _chat_serving(architecture: str) -> SimpleNamespace:
+    """What the hook reads of SGLang's OpenAI chat handler: its model's architecture."""
+    hf_config = SimpleNamespace(architectures=[architecture])
+    return SimpleNamespace(tokenizer_manager=SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config)))
+
+
 def test_the_chat_hook_hands_the_setting_to_the_generate_request():
+    serving = _chat_serving("Qwen3VLForConditionalGeneration")
     chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75})
     generate = SimpleNamespace(mm_processor_kwargs=None)
     result = (generate, chat)
-    assert carry_chat_pruning_setting(result, "serving", chat, None) is result
+    assert carry_chat_pruning_setting(result, serving, chat, None) is result
     assert request_pruning(generate, server_pruning(config())).rate == 0.75
     with pytest.raises(ValueError, match="video_pruning_rate must be a number in"):
         bad = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 1.5})
         fresh = SimpleNamespace(mm_processor_kwargs=None)
-        request_pruning(carry_chat_pruning_setting((fresh, bad), "serving", bad)[0], server_pruning(config()))
+        request_pruning(carry_chat_pruning_setting((fresh, bad), serving, bad)[0], server_pruning(config()))
+
+
+def test_the_chat_hook_leaves_another_models_request_as_sent():
+    """A model the plugin does not prune gets its chat request converted exactly as SGLang converts it."""
+    chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75})
+    generate = SimpleNamespace(mm_processor_kwargs={"fps": 2})
+    carry_chat_pruning_setting((generate, chat), _chat_serving("Gemma3ForConditionalGeneration"), chat, None)
+    assert generate.mm_processor_kwargs == {"fps": 2}

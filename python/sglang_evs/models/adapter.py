@@ -1,9 +1,9 @@
 """What every model adapter does, as one mixin (`AdaptedModel`) placed before the upstream class.
 
-An adapter (`qwen3_vl.py`, `qwen2_vl.py`, `qwen3_5.py`, `qwen3_vl_derived.py`, `glm4v.py`) subclasses an
+An adapter (`qwen3_vl.py`, `qwen2_vl.py`, `qwen3_5.py`, `glm4v.py`) subclasses an
 upstream SGLang model with this mixin first and declares only what differs between families:
-its language model class (upstream's plus `ReadsGraphInputs`), its videos' family
-(`pruning.families.VideoFamily`: Qwen-VL unless it says otherwise) and whether its videos are pruned.
+its language model class (upstream's plus `ReadsGraphInputs`) and its videos' family
+(`pruning.families.VideoFamily`: Qwen-VL unless it says otherwise).
 The deepstack levels are the vision tower's (`num_deepstack_embeddings`, 0 where upstream has none).
 The rest is here:
   - `attach`: the language model's fixed-address `GraphInputs` and the model's `PrunedVideos`;
@@ -38,12 +38,11 @@ logger = logging.getLogger(__name__)
 
 
 class AdaptedModel:
-    """Mixin for an upstream SGLang VLM: the generic routine, `post_process`, and (where
-    `prunes_videos`) EVS for its videos. List it before the upstream class."""
+    """Mixin for an upstream SGLang VLM: the generic routine, `post_process`, and the pruning of its
+    videos. List it before the upstream class."""
 
     implements_post_process_contract = True
     language_model_cls: type  # upstream's language model class with `ReadsGraphInputs` first
-    prunes_videos = True  # False: its processor is not the pruning one; videos pass through untouched
     video_family: VideoFamily = QWEN_VL  # its processor and video layout (pruning/families.py)
 
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
@@ -52,7 +51,7 @@ class AdaptedModel:
             refuse_encoder_default(server_pruning(config))
             self.pruned_videos = None  # it prunes what requests ask (pruning/disaggregated.py), in the encoder
             return
-        encode = super().get_video_feature if self.prunes_videos else None
+        encode = super().get_video_feature
         attach(self, config, self.language_model_cls, getattr(self, "num_deepstack_embeddings", 0), encode)
 
     def get_video_feature(self, items):

@@ -17,8 +17,8 @@ class Entry(NamedTuple):
     upstream: str  # the upstream class's name in sglang_compat
 
 
-# Every SGLang architecture whose model runs upstream Qwen3-VL's forward is here: that forward
-# hands deepstack to the routine through its legacy `use_deepstack` argument, which ours lacks.
+# The architectures this project serves (their forward calls this project's embedding routine); every
+# other architecture is SGLang's own class calling SGLang's own routine (test/models/test_registry.py).
 MODELS: dict[str, Entry] = {
     "Qwen3VLForConditionalGeneration": Entry("qwen3_vl:Qwen3VLForConditionalGeneration", "UpstreamQwen3VL"),
     "Qwen3VLMoeForConditionalGeneration": Entry("qwen3_vl:Qwen3VLMoeForConditionalGeneration", "UpstreamQwen3VLMoe"),
@@ -26,16 +26,6 @@ MODELS: dict[str, Entry] = {
     "Qwen3_5MoeForConditionalGeneration": Entry("qwen3_5:Qwen3_5MoeForConditionalGeneration", "UpstreamQwen3_5Moe"),
     "Qwen2_5_VLForConditionalGeneration": Entry("qwen2_vl:Qwen2_5_VLForConditionalGeneration", "UpstreamQwen2_5_VL"),
     "Qwen2VLForConditionalGeneration": Entry("qwen2_vl:Qwen2VLForConditionalGeneration", "UpstreamQwen2VL"),
-    "InternS1ProForConditionalGeneration": Entry(
-        "qwen3_vl_derived:InternS1ProForConditionalGeneration", "UpstreamInternS1Pro"
-    ),
-    "InternS2MobiusForConditionalGeneration": Entry(
-        "qwen3_vl_derived:InternS2MobiusForConditionalGeneration", "UpstreamInternS2Mobius"
-    ),
-    "InternS2PreviewForConditionalGeneration": Entry(
-        "qwen3_vl_derived:InternS2PreviewForConditionalGeneration", "UpstreamInternS2Preview"
-    ),
-    "Cosmos3ForConditionalGeneration": Entry("qwen3_vl_derived:Cosmos3ForConditionalGeneration", "UpstreamCosmos3"),
     # GLM-4.1V / GLM-4.5V: their own processor and video layout (pruning.families.GLM4V)
     "Glm4vForConditionalGeneration": Entry("glm4v:Glm4vForConditionalGeneration", "UpstreamGlm4v"),
     "Glm4vMoeForConditionalGeneration": Entry("glm4v:Glm4vMoeForConditionalGeneration", "UpstreamGlm4vMoe"),
@@ -64,11 +54,18 @@ def _load(entry: Entry | None) -> Any | None:
     return getattr(importlib.import_module(f"sglang_evs.models.{module_name}"), class_name)
 
 
-def prunes_videos(architecture: str) -> bool:
-    """Whether the plugin prunes this architecture's videos (`AdaptedModel.prunes_videos`, the one place
-    that says so)."""
-    cls = model_class(architecture)
-    return cls is not None and cls.prunes_videos
+def prunes_videos(architecture: str | None) -> bool:
+    """Whether the plugin prunes this architecture's videos: it does for every model it serves."""
+    return architecture in MODELS
+
+
+def pruned_by_sglang(architecture: str) -> bool:
+    """Whether SGLang prunes this architecture's videos itself: its model is built on SGLang's own EVS
+    (`sglang.srt.multimodal.evs.EVS`, rate from the config's `video_pruning_rate`, as Nemotron-Nano-VL)."""
+    from sglang_evs import sglang_compat
+
+    cls = sglang_compat.ModelRegistry.models.get(architecture)
+    return isinstance(cls, type) and issubclass(cls, sglang_compat.SGLangEVS)
 
 
 def pruned_families() -> dict[Any, VideoFamily]:
@@ -78,7 +75,6 @@ def pruned_families() -> dict[Any, VideoFamily]:
     return {
         sglang_compat.resolve(entry.upstream): model_class(name).video_family
         for name, entry in MODELS.items()
-        if prunes_videos(name)
     }
 
 

@@ -133,23 +133,23 @@ def draft_reads_target_positions(server_args, hf_config) -> bool:
         text_config = getattr(hf_config, "text_config", hf_config)
         return int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0
     if algorithm == "EAGLE3" and draft not in (None, model):
-        config = _checkpoint_config(draft)
+        config = checkpoint_config(draft)
         rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
         return EAGLE3_DRAFT in (config.get("architectures") or []) and "mrope_section" in rope
     return False
 
 
 @functools.cache
-def _checkpoint_config(path: str) -> dict:
+def checkpoint_config(path: str) -> dict:
     """A checkpoint's config.json as a dict ({} where it cannot be read here); read once per path (a
     language server asks for every request it dispatches to its encoders). Not to be modified."""
     local = Path(path) / "config.json"
     if local.is_file():
         return json.loads(local.read_text())
     try:
-        from transformers import AutoConfig
+        from transformers import PretrainedConfig
 
-        return AutoConfig.from_pretrained(path).to_dict()
+        return PretrainedConfig.get_config_dict(path)[0]  # the file as written: no remote code runs
     except (OSError, ValueError, KeyError):
         return {}
 
