@@ -49,7 +49,8 @@ def build_cached_model(
     from sglang_evs.testing import tiny_model
 
     architecture = architecture or tiny_model.DEFAULT_ARCHITECTURE
-    name = f"{architecture}-{profile}{'-' + variant if variant else ''}-{_source_hash(Path(tiny_model.__file__))}"
+    builders = sorted(Path(tiny_model.__file__).parent.glob("tiny_*.py"))  # the shared core and each family's
+    name = f"{architecture}-{profile}{'-' + variant if variant else ''}-{_source_hash(*builders)}"
     out = CACHE / "models" / name
     if not out.exists():  # built aside and renamed, so an interrupted build leaves nothing half-written
         partial = out.with_name(out.name + f".partial-{os.getpid()}")
@@ -125,6 +126,11 @@ def tiny_glm4v_moe_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_omni_dir() -> Path:
+    return build_cached_model("tiny", "Qwen3OmniMoeForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
 def tiny_llava_dir() -> Path:
     return build_cached_model("tiny", "LlavaForConditionalGeneration")
 
@@ -150,6 +156,7 @@ def media_dir(tmp_path_factory) -> Path:
     media.write_image(out / "image2.png", seed=5)
     for kind in media.CLIP_KINDS:
         media.write_clip(out / f"{kind}.mp4", kind, num_frames=8, fps=4)
+    media.write_tone(out / "tone.m4a")
     return out
 
 

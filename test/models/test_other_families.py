@@ -1,16 +1,19 @@
-"""For VLM families it does not prune, the plugin changes nothing: Gemma 3 and LLaVA serve bit-identically
-with and without it.
+"""For VLM families it does not prune, the plugin changes nothing: Gemma 3, LLaVA and Qwen3-Omni (the thinker,
+with its audio tower) serve bit-identically with and without it.
 
 Installed, the plugin leaves these models to SGLang: its own classes and its own `general_mm_embed_routine`
 (the registry-wide table is `test_registry.py`; these servers show it on live requests). Each family runs
 the same requests on two float32 servers started together: plugin on, and plugin off
 (`SGLANG_PLUGINS=none`: SGLang loads no plugin, so its own routine serves). Prefill chunks of 16 tokens
 cut images' placeholder runs (16 pooled soft tokens for Gemma 3, 4 rows of 4 patches plus row ends for
-LLaVA) across chunks. Greedy tokens, the logprob of every generated token and the top-5 logprobs at every
-step must be equal exactly (a batch's logprobs closely: see the batch test). An event trace in both servers
-shows that the plugin's routine embedded nothing in either, and that no process of the upstream one ran the plugin.
+LLaVA, 64 for Qwen3-Omni) and Qwen3-Omni's videos and audio across chunks. Greedy tokens, the logprob of
+every generated token and the top-5 logprobs at every step must be equal exactly (a batch's logprobs
+closely: see the batch test). An event trace in both servers shows that the plugin's routine embedded
+nothing in either, and that no process of the upstream one ran the plugin.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,8 +21,12 @@ import pytest
 from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import (
+    AUDIO,
     GEMMA3_IMAGE,
+    IMAGE,
     LLAVA_IMAGE,
+    VIDEO,
+    chat_prompt,
     flush_cache,
     gemma3_chat_prompt,
     generate,
@@ -29,23 +36,36 @@ from sglang_evs.testing.requests import (
 )
 from sglang_evs.testing.server import Launch, running_servers
 
-pytestmark = pytest.mark.slow  # four servers: the full suite only (see pyproject.toml)
+pytestmark = pytest.mark.slow  # six servers: the full suite only (see pyproject.toml)
 
 CHUNK = 16
 # Gemma 3's images need --enable-multimodal (without it SGLang 0.5.23 serves Gemma 3 as text and drops them);
 # LLaVA is multimodal by default. LLaVA's /flush_cache answers 500 in SGLang 0.5.23 with or without the plugin
 # (its processor wrapper lacks the preprocess cache the endpoint clears), so its servers are not flushed:
 # both get the same requests in the same order, and the cached-token counts are compared too.
-FAMILIES = {  # fixture, server flags, flushable, prompt writer, image placeholder
-    "gemma3": ("tiny_gemma3_dir", ["--enable-multimodal"], True, gemma3_chat_prompt, GEMMA3_IMAGE),
-    "llava": ("tiny_llava_dir", [], False, llava_chat_prompt, LLAVA_IMAGE),
+
+
+@dataclass(frozen=True)
+class Family:
+    fixture: str
+    flags: tuple[str, ...]
+    flushable: bool
+    prompt: Callable[..., str]
+    image: str  # its image placeholder
+    hears: bool = False  # also video, audio and video + audio requests (Qwen3-Omni)
+
+
+FAMILIES = {
+    "gemma3": Family("tiny_gemma3_dir", ("--enable-multimodal",), True, gemma3_chat_prompt, GEMMA3_IMAGE),
+    "llava": Family("tiny_llava_dir", (), False, llava_chat_prompt, LLAVA_IMAGE),
+    "qwen3_omni": Family("tiny_qwen3_omni_dir", (), True, chat_prompt, IMAGE, hears=True),
 }
-IMAGE_ROWS = 16  # placeholder rows a 64-pixel image's embedding fills, both families (LLaVA's row ends are text)
+IMAGE_ROWS = 16  # placeholder rows a 64-pixel image's embedding fills, at least (LLaVA's row ends are text)
 
 
-def run_all(base_url: str, family: str, images: tuple[Path, Path, Path]) -> dict:
+def run_all(base_url: str, family: str, images: tuple[Path, Path, Path], media_dir: Path) -> dict:
     """The same requests, in the same order (from an empty radix cache where the server can flush it)."""
-    _, _, flushable, prompt, image = FAMILIES[family]
+    flushable, prompt, image = FAMILIES[family].flushable, FAMILIES[family].prompt, FAMILIES[family].image
     image1, image2, image3 = images
     if flushable:
         flush_cache(base_url)  # the readiness probes may have sent the servers different warm-up requests
@@ -60,6 +80,22 @@ def run_all(base_url: str, family: str, images: tuple[Path, Path, Path]) -> dict
         flush_cache(base_url)
     batch = [prompt(image), prompt(text="Say yes or no."), prompt(image)]  # a new image and a cached one
     results["batch"] = generate(base_url, batch, image_data=[[str(image3)], [], [str(image1)]])
+    if FAMILIES[family].hears:
+        results |= run_video_and_audio(base_url, media_dir)
+    return results
+
+
+def run_video_and_audio(base_url: str, media_dir: Path) -> dict:
+    video, noise, tone = media_dir / "moving.mp4", media_dir / "noise.mp4", media_dir / "tone.m4a"
+    results = {"video": generate(base_url, chat_prompt(VIDEO), **media_kwargs(videos=[video]))[0]}
+    results["audio"] = generate(base_url, chat_prompt(AUDIO), **media_kwargs(audios=[tone]))[0]
+    both = media_kwargs(videos=[noise], audios=[tone])
+    results["video_audio"] = generate(base_url, chat_prompt(VIDEO, AUDIO, text="What is heard?"), **both)[0]
+    flush_cache(base_url)
+    batch = [chat_prompt(AUDIO), chat_prompt(text="Say yes or no."), chat_prompt(VIDEO, AUDIO)]
+    results["media_batch"] = generate(
+        base_url, batch, video_data=[[], [], [str(video)]], audio_data=[[str(tone)], [], [str(tone)]]
+    )
     return results
 
 
@@ -70,9 +106,9 @@ def served(request, media_dir, tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("other_families")
     images = (media_dir / "image.png", media_dir / "image2.png", media.write_image(work / "image3.png", seed=9))
     launches, keys, out = [], [], {}
-    for family, (fixture, extra, *_) in FAMILIES.items():
-        model = request.getfixturevalue(fixture)
-        args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), *extra]
+    for family, spec in FAMILIES.items():
+        model = request.getfixturevalue(spec.fixture)
+        args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), *spec.flags]
         for plugin in ("on", "off"):
             # Both servers are traced: a plugin loaded anywhere in the upstream server would write events.
             out["trace", family, plugin] = work / f"trace-{family}-{plugin}.jsonl"
@@ -82,16 +118,19 @@ def served(request, media_dir, tmp_path_factory) -> dict:
             keys.append((family, plugin))
     with running_servers(*launches) as servers:
         for (family, plugin), server in zip(keys, servers, strict=True):
-            out[family, plugin] = run_all(server.base_url, family, images)
+            out[family, plugin] = run_all(server.base_url, family, images, media_dir)
             out["log", family, plugin] = server.log()
     return out
 
 
 CASES = ["text", "image", "two_images", "radix_repeat"]
+HEARING_CASES = ["video", "audio", "video_audio"]
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(
+    ("family", "case"),
+    [(family, case) for family, spec in FAMILIES.items() for case in CASES + (HEARING_CASES if spec.hears else [])],
+)
 def test_bit_identical_without_the_plugin(served, family, case):
     ours, upstream = served[family, "on"][case], served[family, "off"][case]
     assert ours.output_ids == upstream.output_ids
@@ -100,13 +139,15 @@ def test_bit_identical_without_the_plugin(served, family, case):
     assert (ours.prompt_tokens, ours.cached_tokens) == (upstream.prompt_tokens, upstream.cached_tokens)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_batch_matches_without_the_plugin(served, family):
+@pytest.mark.parametrize(
+    ("family", "batch"), [(family, "batch") for family in FAMILIES] + [("qwen3_omni", "media_batch")]
+)
+def test_batch_matches_without_the_plugin(served, family, batch):
     """A batch is not bit-reproducible on CPU even in upstream alone: which requests share a prefill depends
     on when each one's image finishes preprocessing, and a row's CPU GEMM result depends on the batch's row
     count (measured while writing this test: a LLaVA batch differed by 1.3e-6 between the two servers).
     Tokens and prompt lengths must match exactly, logprobs closely."""
-    ours, upstream = served[family, "on"]["batch"], served[family, "off"]["batch"]
+    ours, upstream = served[family, "on"][batch], served[family, "off"][batch]
     assert len(ours) == len(upstream) == 3
     for mine, theirs in zip(ours, upstream, strict=True):
         assert mine.output_ids == theirs.output_ids
@@ -131,6 +172,15 @@ def test_the_requests_exercise_pixels_and_the_radix_cache(served, family):
     assert two.prompt_tokens > image.prompt_tokens + IMAGE_ROWS
     assert results["radix_repeat"].cached_tokens >= image.prompt_tokens - 1  # the image's rows included
     assert results["radix_repeat"].output_ids == image.output_ids
+
+
+def test_qwen3_omnis_requests_exercise_video_and_audio(served):
+    """Video and audio reach the thinker: each changes the answer, and both together make the longest prompt."""
+    results = served["qwen3_omni", "on"]
+    text, video, audio, both = (results[case] for case in ("text", "video", "audio", "video_audio"))
+    assert len({tuple(r.output_ids) for r in (text, video, audio, both)}) == 4
+    assert both.prompt_tokens > max(video.prompt_tokens, audio.prompt_tokens) > text.prompt_tokens + CHUNK
+    assert results["media_batch"][0].output_ids == audio.output_ids  # the same audio prompt, in a batch
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -42,3 +42,12 @@ def test_image_png(tmp_path):
     assert Image.open(path).size == (56, 40)
     other = media.write_image(tmp_path / "y.png", height=40, width=56, seed=4)
     assert np.asarray(Image.open(path)).tolist() != np.asarray(Image.open(other)).tolist()
+
+
+def test_tone_decodes_through_sglangs_audio_loader(tmp_path):
+    """The .m4a tone is read by SGLang's own loader (PyAV; no torchaudio on the CPU route) at 16 kHz, whole."""
+    from sglang.srt.utils.common import load_audio
+
+    samples = load_audio(str(media.write_tone(tmp_path / "tone.m4a", seconds=2.0)))
+    assert samples.ndim == 1 and abs(len(samples) - 32000) < 2048  # AAC pads a frame or two
+    assert 0.3 < np.abs(samples).max() < 0.7  # the swell peaks at 0.6

@@ -9,6 +9,7 @@ import torch
 
 from sglang_evs.testing import tiny_model
 from sglang_evs.testing.requests import (
+    AUDIO,
     GEMMA3_IMAGE,
     GLM4V_IMAGE,
     GLM4V_VIDEO,
@@ -344,3 +345,41 @@ def test_small_profile_language_model_dominates():
 
     text, vision = params(tiny_model.PROFILES["small"])
     assert text > 100 * vision
+
+
+def test_qwen3_omni_loads_in_transformers_and_its_media_matter(tiny_qwen3_omni_dir, media_dir):
+    """Qwen3-Omni (its own builder module): token ids agree with the config, the chat template writes the
+    placeholders the tests send, transformers reads back every weight of the released layout (experts one by
+    one under `thinker.`), and the thinker's logits depend on the pixels and on the sound."""
+    from sglang.srt.utils.common import load_audio
+    from transformers import AutoConfig, AutoProcessor, Qwen3OmniMoeForConditionalGeneration
+
+    path = tiny_qwen3_omni_dir
+    config, processor = AutoConfig.from_pretrained(path), AutoProcessor.from_pretrained(path)
+    thinker_config, tok = config.thinker_config, processor.tokenizer
+    for token, field in (("<|image_pad|>", "image_token_id"), ("<|video_pad|>", "video_token_id"),
+                         ("<|audio_pad|>", "audio_token_id"), ("<|audio_start|>", "audio_start_token_id")):  # fmt: skip
+        assert tok.convert_tokens_to_ids(token) == getattr(thinker_config, field)
+    assert thinker_config.text_config.vocab_size == len(tok)
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "audio"}, {"type": "text", "text": "hi"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    assert VIDEO in text and AUDIO in text
+
+    model, loading = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        path, dtype=torch.float32, output_loading_info=True
+    )
+    assert not any(loading.values()), loading
+    thinker = model.thinker.eval()
+
+    def last_logits(prompt: str, **media) -> torch.Tensor:
+        inputs = processor(text=[prompt], return_tensors="pt", **media)
+        with torch.no_grad():
+            logits = thinker(**inputs).logits[0, -1]
+        assert torch.isfinite(logits).all()
+        return logits
+
+    image = last_logits(chat_prompt(IMAGE), images=[_image(0)]) - last_logits(chat_prompt(IMAGE), images=[_image(1)])
+    tone = load_audio(str(media_dir / "tone.m4a"))
+    noise = np.random.default_rng(0).uniform(-0.3, 0.3, tone.shape).astype(np.float32)
+    sound = last_logits(chat_prompt(AUDIO), audio=[tone]) - last_logits(chat_prompt(AUDIO), audio=[noise])
+    assert image.abs().max() > PIXEL_EFFECT and sound.abs().max() > PIXEL_EFFECT

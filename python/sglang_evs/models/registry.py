@@ -72,10 +72,7 @@ def pruned_families() -> dict[Any, VideoFamily]:
     """Upstream model class -> its videos' family, for every class whose processor is the pruning one."""
     from sglang_evs import sglang_compat
 
-    return {
-        sglang_compat.resolve(entry.upstream): model_class(name).video_family
-        for name, entry in MODELS.items()
-    }
+    return {sglang_compat.resolve(entry.upstream): model_class(name).video_family for name, entry in MODELS.items()}
 
 
 def resolve_model_cls_around(original, registry, architectures):

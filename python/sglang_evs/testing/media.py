@@ -1,4 +1,4 @@
-"""Synthetic PNG images and H.264 mp4 clips with controllable redundancy.
+"""Synthetic PNG images and H.264 mp4 clips with controllable redundancy, and AAC tones.
 
     python -m sglang_evs.testing.media OUT_DIR   # writes one of each kind
 
@@ -6,6 +6,9 @@ Clip kinds:
   static   every frame identical (maximal redundancy: EVS keeps only frame 0)
   moving   a static textured background with a small square moving across it
   noise    every frame fresh uniform noise (no redundancy)
+
+Tones are AAC in an MP4 container: SGLang 0.5.23 decodes such containers with PyAV; its WAV path
+needs torchaudio, which the CPU route does not install.
 """
 
 import argparse
@@ -90,6 +93,26 @@ def write_image(path: str | Path, height: int = 64, width: int = 64, seed: int =
     return path
 
 
+def write_tone(
+    path: str | Path, seconds: float = 2.0, frequency: float = 440.0, sample_rate: int = 16000
+) -> Path:  # fmt: skip
+    """A mono tone whose loudness swells three times a second, as AAC in an MP4 (.m4a) container."""
+    import av
+
+    t = np.arange(int(seconds * sample_rate)) / sample_rate
+    wave = 0.3 * np.sin(2 * np.pi * frequency * t) * (1 + np.sin(2 * np.pi * 3 * t))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), mode="w", format="mp4") as container:
+        stream = container.add_stream("aac", rate=sample_rate)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(wave.astype(np.float32)[None, :], format="fltp", layout="mono")
+        frame.sample_rate = sample_rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
@@ -102,6 +125,7 @@ def main() -> None:
     for kind in CLIP_KINDS:
         size = {"height": args.size, "width": args.size}
         print(write_clip(out / f"{kind}.mp4", kind, fps=args.fps, num_frames=args.frames, **size))
+    print(write_tone(out / "tone.m4a"))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
+AUDIO = "<|audio_start|><|audio_pad|><|audio_end|>"  # Qwen3-Omni
 
 
 def chat_prompt(*media: str, text: str = "Describe this.") -> str:
@@ -65,12 +66,16 @@ class Generation:
     meta: dict = field(compare=False)  # ids and timings differ run to run
 
 
-def media_kwargs(images: Sequence[Path | str] = (), videos: Sequence[Path | str] = ()) -> dict:
+def media_kwargs(
+    images: Sequence[Path | str] = (), videos: Sequence[Path | str] = (), audios: Sequence[Path | str] = ()
+) -> dict:  # fmt: skip
     out: dict = {}
     if images:
         out["image_data"] = [str(p) for p in images]
     if videos:
         out["video_data"] = [str(p) for p in videos]
+    if audios:
+        out["audio_data"] = [str(p) for p in audios]
     return out
 
 
