@@ -131,6 +131,12 @@ def tiny_qwen3_omni_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_nemotron_vl_dir() -> Path:
+    """Config and tokenizer only (`--load-format dummy`): SGLang cannot run its Mamba2 layers on CPU."""
+    return build_cached_model("tiny", "NemotronH_Nano_VL_V2")
+
+
+@pytest.fixture(scope="session")
 def tiny_llava_dir() -> Path:
     return build_cached_model("tiny", "LlavaForConditionalGeneration")
 

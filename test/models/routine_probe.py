@@ -7,6 +7,8 @@ The process loads SGLang the way a server does: the registry imports every model
 `load_plugins()` runs the plugin's hooks over them. For each architecture:
   - `resolved`: the class SGLang builds for it (`ModelRegistry.resolve_model_cls`, the plugin's answer
     where it answers);
+  - `processor`: the multimodal processor SGLang's tokenizer process picks for it (`PROCESSOR_MAPPING`
+    after `import_processors`, which the plugin extends for its own models), None for a text model;
   - `routines`: the embedding routines its model reaches, found by following, from every function the
     class and its bases define, the module-level names each one's code uses (into other SGLang and
     sglang-evs functions), and the classes whose `forward` an `__init__` binds as its own
@@ -34,7 +36,7 @@ HIDDEN, VOCAB = 8, 64
 
 
 def main(plugin: str) -> None:
-    from sglang.srt.managers import mm_schedule, mm_utils
+    from sglang.srt.managers import mm_schedule, mm_utils, multimodal_processor
     from sglang.srt.models.registry import ModelRegistry
 
     import sglang_evs.multimodal.embed_routine as ours
@@ -44,6 +46,8 @@ def main(plugin: str) -> None:
         from sglang.srt.plugins import load_plugins
 
         load_plugins()
+    multimodal_processor.import_processors("sglang.srt.multimodal.processors")  # as the tokenizer process does
+    processors = {model.__name__: cls for model, cls in multimodal_processor.PROCESSOR_MAPPING.items()}
     mm_schedule.init_mm_embedding_cache(64 * 1024 * 1024)
     mm_utils.get_server_args = lambda: None  # no server here: the routine's path without adaptive dispatch
     known = {id(upstream_routine): "upstream", id(ours.general_mm_embed_routine): "sglang_evs"}
@@ -52,8 +56,10 @@ def main(plugin: str) -> None:
     for arch in sorted(ModelRegistry.models):
         cls, _ = ModelRegistry.resolve_model_cls([arch])
         routines = routines_reached(cls, known)
+        processor = processors.get(arch)
         table[arch] = {
             "resolved": f"{cls.__module__}:{cls.__qualname__}",
+            "processor": None if processor is None else f"{processor.__module__}:{processor.__qualname__}",
             "routines": sorted({name for name, _ in routines}),
             # this project's routine calls its models' post_process, which a bare instance cannot run:
             # those models are compared with upstream by the server tests

@@ -2,9 +2,10 @@
 loaded and without it (`routine_probe.py`, run in two fresh interpreters that load SGLang as a server does).
 
 Only the architectures this project serves (`registry.MODELS`, and the NEXTN draft of `DRAFT_MODELS`)
-resolve to its classes, and only those reach its embedding routine; every other architecture is SGLang's
-own class, reaches only SGLang's own routine (no hook wraps it), and that routine hands the language model
-the very same tensors on synthetic media, with and without the plugin. A new SGLang model falls on the
+resolve to its classes and processors, and only those reach its embedding routine; every other architecture
+is SGLang's own class with SGLang's own processor (so its prompts are laid out as upstream lays them out),
+reaches only SGLang's own routine (no hook wraps it), and that routine hands the language model the very
+same tensors on synthetic media, with and without the plugin. A new SGLang model falls on the
 upstream side by itself: nothing here names it.
 """
 
@@ -73,11 +74,13 @@ def test_no_routine_is_wrapped(tables):
         assert names <= {"upstream", "sglang_evs"}, (plugin, names)
 
 
-def test_this_projects_classes_reach_its_routine(tables):
+def test_this_projects_classes_reach_its_routine_and_processor(tables):
     for arch in MODELS:
         row = tables["on"][arch]
         assert row["resolved"].startswith("sglang_evs.models.") and "sglang_evs" in row["routines"], arch
+        assert row["processor"].startswith("sglang_evs.pruning.processor:"), arch
         assert "sglang_evs" not in tables["off"][arch]["routines"], arch
+    assert sum(row["processor"] is not None for row in tables["off"].values()) > 60  # the multimodal models
 
 
 @pytest.mark.parametrize("arch", NEIGHBOURS)

@@ -38,7 +38,8 @@ def refuse_too_short_videos(videos: list, family: VideoFamily) -> None:
 def pruning_processor(family: VideoFamily) -> type:
     """The family's upstream processor with `PruningProcessor` first (one class per family)."""
     upstream = sglang.resolve(family.processor)
-    return type(f"Pruning{upstream.__name__}", (PruningProcessor, upstream), {"family": family})
+    namespace = {"family": family, "__module__": __name__}  # named where it is built, not after a metaclass
+    return type(f"Pruning{upstream.__name__}", (PruningProcessor, upstream), namespace)
 
 
 class PruningProcessor:

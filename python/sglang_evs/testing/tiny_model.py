@@ -58,6 +58,7 @@ vision tower builds for them, which transformers' Qwen3.5 (having no deepstack) 
 
 import argparse
 import dataclasses
+import importlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -854,6 +855,13 @@ def _check_gemma3(config: Any) -> None:
         )
 
 
+# Families built by a module of their own (`build(out_dir, config_overrides, seed)`), outside ARCHITECTURES.
+FAMILY_MODULES = {
+    "Qwen3OmniMoeForConditionalGeneration": "tiny_qwen3_omni",
+    "NemotronH_Nano_VL_V2": "tiny_nemotron_vl",  # config and tokenizer only: served with --load-format dummy
+}
+
+
 def build_tiny_model(
     out_dir: str | Path,
     architecture: str = DEFAULT_ARCHITECTURE,
@@ -866,10 +874,9 @@ def build_tiny_model(
     import torch
     import transformers
 
-    from sglang_evs.testing import tiny_qwen3_omni
-
-    if architecture == tiny_qwen3_omni.ARCHITECTURE:  # a family in a module of its own
-        return tiny_qwen3_omni.build(out_dir, config_overrides, seed)
+    if architecture in FAMILY_MODULES:  # a family in a module of its own
+        family = importlib.import_module(f"sglang_evs.testing.{FAMILY_MODULES[architecture]}")
+        return family.build(out_dir, config_overrides, seed)
     arch = ARCHITECTURES[architecture]
     tokenizer = build_tokenizer(vocabulary=arch.vocabulary)
     config = build_config(architecture, profile, tokenizer, config_overrides)
@@ -1105,9 +1112,7 @@ def _make_context_matter(model, torch, arch: Architecture) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument(
-        "--architecture", choices=[*ARCHITECTURES, "Qwen3OmniMoeForConditionalGeneration"], default=DEFAULT_ARCHITECTURE
-    )
+    parser.add_argument("--architecture", choices=[*ARCHITECTURES, *FAMILY_MODULES], default=DEFAULT_ARCHITECTURE)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="tiny")
     parser.add_argument("--config-json", type=json.loads, default={}, help="config overrides, a JSON object")
     parser.add_argument("--seed", type=int, default=0)
