@@ -7,7 +7,8 @@ The two files are cached in `<repo>/.cache/vllm-0.33.0/` (git-ignored) and reuse
 
 The wheel is 336 MB, and only two small members are needed, so they are read
 with HTTP range requests (the zip index, then the two members; under 1 MB
-in all) from the wheel URL that pip resolves for `vllm==0.33.0`, pinned below.
+in all) from the wheel URL that pip resolves for `vllm==0.33.0` at test time
+(`pip install --dry-run --report`: whatever index pip is configured with).
 If that fails, `pip download --no-deps vllm==0.33.0` fetches the whole wheel
 into a temporary folder, the two files are extracted, the wheel is deleted.
 When neither works `VllmUnavailable` is raised, and the tests skip, saying so.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import subprocess
 import sys
 import tempfile
@@ -27,12 +29,6 @@ from pathlib import Path
 from types import ModuleType
 
 VERSION = "0.33.0"
-# From `pip install --dry-run --no-deps --report r.json vllm==0.33.0` (download_info.url);
-# PyPI files are immutable, and each member's CRC is checked when it is read.
-WHEEL_URL = (
-    "https://files.pythonhosted.org/packages/8b/a8/92e278093df40fde4c4bfd6572704bb8f398d6a2280d8c82cb5efaf12047/"
-    "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-)
 MEMBERS = {name: f"vllm/multimodal/video_prune/{name}.py" for name in ("evs", "vidcom2")}
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / f"vllm-{VERSION}"
 
@@ -76,12 +72,23 @@ class _HttpRangeFile(io.RawIOBase):
         return len(data)
 
 
+def wheel_url() -> str:
+    """The URL pip would download `vllm==0.33.0`'s wheel from (each member's CRC is checked when read)."""
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet",
+           "--report", "-", f"vllm=={VERSION}"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise VllmUnavailable(f"`pip install --dry-run --report - vllm=={VERSION}` failed: {last}")
+    return json.loads(done.stdout)["install"][0]["download_info"]["url"]
+
+
 def _read_members(wheel: zipfile.ZipFile) -> dict[str, bytes]:
     return {name: wheel.read(member) for name, member in MEMBERS.items()}
 
 
 def _fetch_by_range() -> dict[str, bytes]:
-    with zipfile.ZipFile(io.BufferedReader(_HttpRangeFile(WHEEL_URL), buffer_size=1 << 16)) as wheel:
+    with zipfile.ZipFile(io.BufferedReader(_HttpRangeFile(wheel_url()), buffer_size=1 << 16)) as wheel:
         return _read_members(wheel)
 
 

@@ -1,4 +1,4 @@
-"""VLMs the plugin does not replace (Qwen2-VL, Qwen2.5-VL) serve through its routine exactly as upstream.
+"""Qwen2-VL and Qwen2.5-VL, served by this project's classes through its routine, serve exactly as upstream.
 
 Qwen2.5-VL also has an upstream `post_process` placeholder with other arguments: the routine must
 leave it alone (it is not the contract's)."""
