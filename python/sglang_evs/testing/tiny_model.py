@@ -1080,6 +1080,25 @@ def _gemma3_update_gains(model) -> None:
             param.data.fill_(GEMMA3_UPDATE_GAIN - 1.0)  # Gemma's norms scale by (1 + weight)
 
 
+def redraw_language_model(language_model, lm_head) -> None:
+    """Every weight of a language model at unit scale (embeddings N(0, 1), N(0, 0.2) where the head is tied
+    to them; the head N(0, 0.5); linear, expert and router weights N(0, fan_in^-1/2))."""
+    import torch
+
+    tied = lm_head.weight.data_ptr() == language_model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        language_model.embed_tokens.weight.normal_(0.0, 0.2 if tied else 1.0)
+        if not tied:
+            lm_head.weight.normal_(0.0, 0.5)
+        for module in language_model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, module.in_features**-0.5)
+        for name, param in language_model.named_parameters():
+            # MoE experts ([experts, out, in]) and routers ([experts, in]) are bare parameters.
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj", "mlp.gate.weight")):
+                param.normal_(0.0, param.shape[-1] ** -0.5)
+
+
 def _make_context_matter(model, torch, arch: Architecture) -> None:
     # HF's init (std 0.02) leaves every layer's update tiny next to the
     # residual stream, so the next token would depend on the last token only,
@@ -1088,19 +1107,8 @@ def _make_context_matter(model, torch, arch: Architecture) -> None:
     # parity test would pass even if an image were ignored.
     # Gemma 3 ties its output head to the embeddings (which it scales by sqrt(hidden)): one smaller draw
     # (SGLang 0.5.23's Gemma 3 never loads a separate head).
-    language_model = model.model.language_model
-    tied = model.lm_head.weight.data_ptr() == language_model.embed_tokens.weight.data_ptr()
+    redraw_language_model(model.model.language_model, model.lm_head)
     with torch.no_grad():
-        language_model.embed_tokens.weight.normal_(0.0, 0.2 if tied else 1.0)
-        if not tied:
-            model.lm_head.weight.normal_(0.0, 0.5)
-        for module in language_model.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.weight.normal_(0.0, module.in_features**-0.5)
-        for name, param in language_model.named_parameters():
-            # MoE experts ([experts, out, in]) and routers ([experts, in]) are bare parameters.
-            if name.endswith(("experts.gate_up_proj", "experts.down_proj", "mlp.gate.weight")):
-                param.normal_(0.0, param.shape[-1] ** -0.5)
         for weight in arch.vision_output(model):
             if not weight.abs().max() > 0:  # Gemma 3 initialises its projection to zeros
                 weight.normal_(0.0, 0.02)

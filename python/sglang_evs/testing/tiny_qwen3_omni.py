@@ -22,6 +22,7 @@ from sglang_evs.testing.tiny_model import (
     VISION_OUTPUT_GAIN,
     Vocabulary,
     build_tokenizer,
+    redraw_language_model,
 )
 
 ARCHITECTURE = "Qwen3OmniMoeForConditionalGeneration"
@@ -118,16 +119,8 @@ def make_context_matter(thinker) -> None:
     the vision mergers and the audio tower's head write by the shared gain."""
     import torch
 
-    language_model = thinker.model
+    redraw_language_model(thinker.model, thinker.lm_head)
     with torch.no_grad():
-        language_model.embed_tokens.weight.normal_(0.0, 1.0)
-        thinker.lm_head.weight.normal_(0.0, 0.5)
-        for module in language_model.modules():
-            if isinstance(module, torch.nn.Linear):
-                module.weight.normal_(0.0, module.in_features**-0.5)
-        for name, param in language_model.named_parameters():
-            if name.endswith(("experts.gate_up_proj", "experts.down_proj", "mlp.gate.weight")):
-                param.normal_(0.0, param.shape[-1] ** -0.5)
         for weight in [m.mlp[2].weight for m in (thinker.visual.merger, *thinker.visual.merger_list)]:
             weight.mul_(VISION_OUTPUT_GAIN)
         # the audio tower at unit scale too: at a std of 0.02 its convolutions leave the sound far below
