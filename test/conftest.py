@@ -137,6 +137,12 @@ def tiny_nemotron_vl_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen4_exp_dir() -> Path:
+    """Config, tokenizer and processor only (`--load-format dummy --dtype bfloat16`): no transformers model."""
+    return build_cached_model("tiny", "Qwen4ExpForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
 def tiny_llava_dir() -> Path:
     return build_cached_model("tiny", "LlavaForConditionalGeneration")
 

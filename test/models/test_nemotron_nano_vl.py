@@ -1,60 +1,82 @@
-"""Nemotron-Nano-VL, the model SGLang 0.5.23 prunes with its own EVS, starts with the plugin installed as it
-starts without it: the documented setting (`--json-model-override-args '{"video_pruning_rate": 0.7}'`, with
-`--trust-remote-code`) is accepted and SGLang's EVS is enabled at that rate, in both servers.
+"""Nemotron-Nano-VL, the model SGLang 0.5.23 prunes with its own EVS, serves with the plugin installed exactly as
+without it, at the rate its documentation sets (`--json-model-override-args '{"video_pruning_rate": 0.7}'`,
+with `--trust-remote-code`): the setting is accepted, SGLang's EVS is enabled at that rate, and text, image
+and video requests get the same prompt lengths, tokens and logprobs (16-token chunks cut the media; radix
+repeats). A third server, at q = 0, shows that EVS pruned the video.
 
-What cannot be shown here: a served request. SGLang's NemotronH Mamba2 layers call Triton kernels that have no
-CPU path (`docs/cpu-runtime.md` names them), so both servers start without a warm-up and are asked only
-what needs no forward. The rest of the proof is in-process, over SGLang's whole registry
-(`test_registry.py`): with the plugin, Nemotron-Nano-VL keeps SGLang's class and processor (so its prompts,
-EVS placeholders included, are laid out as upstream lays them out) and SGLang's routine, which hands its
-language model the same tensors.
+The tiny checkpoint has no weights file (transformers has no Nemotron-Nano-VL): SGLang's dummy loader draws
+them, seeded, the same in every server; its outputs are near-uniform, so the prompt lengths and the exact
+logprobs are what the comparison rests on. Its Mamba2 layers run on the CPU route's stand-ins
+(`runtime/mamba2.py`); its RADIO tower only in bfloat16 (`docs/cpu-runtime.md`).
 """
 
 import pytest
-import requests
 
-from sglang_evs.testing.server import HYBRID_CPU_SERVER_ARGS, start_server, stop, wait_ready
+from sglang_evs.testing.requests import flush_cache, generate, media_kwargs
+from sglang_evs.testing.server import HYBRID_CPU_SERVER_ARGS, Launch, running_servers
 
-pytestmark = pytest.mark.slow  # two servers: the full suite only (see pyproject.toml)
+pytestmark = pytest.mark.slow  # three servers: the full suite only (see pyproject.toml)
 
-DOCUMENTED = ["--json-model-override-args", '{"video_pruning_rate": 0.7}', "--trust-remote-code"]
-CPU_ONLY = ["--load-format", "dummy", "--dtype", "bfloat16", "--skip-server-warmup", *HYBRID_CPU_SERVER_ARGS]
-EVS_ENABLED = "[EVS] enabled for NemotronH_Nano_VL_V2 [EVSConfig(video_pruning_rate=0.7"
+CHUNK = 16
+SERVED = ["--load-format", "dummy", "--dtype", "bfloat16", "--trust-remote-code", *HYBRID_CPU_SERVER_ARGS,
+          "--chunked-prefill-size", str(CHUNK)]  # fmt: skip
+EVS_ENABLED = "[EVS] enabled for NemotronH_Nano_VL_V2 [EVSConfig(video_pruning_rate={rate}"
+SERVERS = {  # name: (pruning rate, plugin)
+    "on": (0.7, True),
+    "off": (0.7, False),
+    "unpruned": (0.0, True),
+}
+
+
+def prompt(*media: str, text: str = "Describe this.") -> str:
+    """The tiny checkpoint's chat template, written out (`testing/tiny_nemotron_vl.py`)."""
+    return f"<|im_start|>user\n{''.join(media)}{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.fixture(scope="module")
-def started(tiny_nemotron_vl_dir, tmp_path_factory) -> dict[str, dict]:
-    """{"on" | "off": {"log": server log, "model_info": /get_model_info}} once both servers answer."""
+def served(tiny_nemotron_vl_dir, media_dir, tmp_path_factory) -> dict:
+    """{name: {"log": server log, case: Generation}} for the three servers, started together."""
     work = tmp_path_factory.mktemp("nemotron")
-    processes, out = {}, {}
-    try:
-        for plugin in ("on", "off"):
-            env = {} if plugin == "on" else {"SGLANG_PLUGINS": "none"}
-            log = work / f"{plugin}.log"
-            processes[plugin] = start_server(tiny_nemotron_vl_dir, log, [*DOCUMENTED, *CPU_ONLY], env)
-            out[plugin] = {"log_path": log}
-        for plugin, process in processes.items():
-            url = f"http://127.0.0.1:{process.port}/get_model_info"
-            wait_ready(lambda url=url: requests.get(url, timeout=10).ok, process, out[plugin]["log_path"], plugin, 240)
-            out[plugin]["model_info"] = requests.get(url, timeout=10).json()
-            out[plugin]["alive"] = process.poll() is None
-    finally:
-        for process in processes.values():
-            stop(process)
-    for entry in out.values():
-        entry["log"] = entry.pop("log_path").read_text(errors="replace")
+    launches = []
+    for name, (rate, plugin) in SERVERS.items():
+        args = [*SERVED, "--json-model-override-args", f'{{"video_pruning_rate": {rate}}}']
+        env = {} if plugin else {"SGLANG_PLUGINS": "none"}
+        launches.append(Launch(tiny_nemotron_vl_dir, work / f"{name}.log", args, env))
+    out = {}
+    image, video = media_kwargs(images=[media_dir / "image.png"]), media_kwargs(videos=[media_dir / "moving.mp4"])
+    with running_servers(*launches) as servers:
+        for name, server in zip(SERVERS, servers, strict=True):
+            flush_cache(server.base_url)
+            out[name] = {
+                "text": generate(server.base_url, prompt(text="Count the objects."))[0],
+                "image": generate(server.base_url, prompt("<image>"), **image)[0],
+                "video": generate(server.base_url, prompt("<video>"), **video)[0],
+                "radix_repeat": generate(server.base_url, prompt("<video>"), **video)[0],
+            }
+            out[name]["log"] = server.log()
     return out
 
 
-@pytest.mark.parametrize("plugin", ["on", "off"])
-def test_the_server_starts_with_sglangs_own_evs_at_the_documented_rate(started, plugin):
-    server = started[plugin]
-    assert server["alive"]
-    assert EVS_ENABLED in server["log"]
-    assert "UnsupportedServerArgsError" not in server["log"]
+@pytest.mark.parametrize("name", list(SERVERS))
+def test_the_server_starts_with_sglangs_own_evs_at_its_rate(served, name):
+    rate, plugin = SERVERS[name]
+    log = served[name]["log"]
+    assert EVS_ENABLED.format(rate=rate) in log if rate else "[EVS] enabled" not in log
+    assert ("plugin loaded" in log) == plugin
+    assert "UnsupportedServerArgsError" not in log
 
 
-def test_the_plugin_was_loaded_in_one_server_only_and_both_describe_the_same_model(started):
-    assert "plugin loaded" in started["on"]["log"] and "plugin loaded" not in started["off"]["log"]
-    assert started["on"]["model_info"] == started["off"]["model_info"]
-    assert started["on"]["model_info"]["is_generation"]
+@pytest.mark.parametrize("case", ["text", "image", "video", "radix_repeat"])
+def test_bit_identical_without_the_plugin(served, case):
+    ours, upstream = served["on"][case], served["off"][case]
+    assert ours.output_ids == upstream.output_ids
+    assert ours.logprobs == upstream.logprobs and ours.top_logprobs == upstream.top_logprobs
+    assert (ours.prompt_tokens, ours.cached_tokens) == (upstream.prompt_tokens, upstream.cached_tokens)
+
+
+def test_sglangs_evs_pruned_the_video_and_the_requests_cross_chunks(served):
+    pruned, unpruned = served["on"], served["unpruned"]
+    assert pruned["video"].prompt_tokens < unpruned["video"].prompt_tokens
+    assert pruned["image"].prompt_tokens == unpruned["image"].prompt_tokens  # images are never pruned
+    assert pruned["video"].prompt_tokens > pruned["text"].prompt_tokens + CHUNK
+    assert pruned["radix_repeat"].cached_tokens >= pruned["video"].prompt_tokens - CHUNK

@@ -21,6 +21,9 @@
    verify and `DraftBackendFactory` a torch-native draft backend (`runtime/speculative_attention.py`);
    the Mamba-state commit after verify, CUDA/XPU-only upstream, gets pure-torch scatters
    (`runtime/speculative_kernels.py`).
+8. `sglang.srt.layers.attention.mamba.mamba` (Mamba2, NemotronH / Nemotron-Nano-VL) imports its causal
+   convolution only on CUDA/NPU/XPU and scans with Triton: pure-torch stand-ins (`runtime/mamba2.py`)
+   are bound into it under the names its `MambaMixer2.forward` calls.
 """
 
 import importlib.abc
@@ -99,6 +102,12 @@ def _mamba_state_commit_on_cpu(module: ModuleType) -> None:
     module._conv_multi_eligible = lambda pairs: False  # its single-launch path is Triton-only
 
 
+def _mamba2_on_cpu(module: ModuleType) -> None:
+    from sglang_evs.runtime.mamba2 import install
+
+    install(module)
+
+
 # module name -> work to do on the module right after it was imported
 SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.layers.attention.vision": _vision_attention_by_segment,
@@ -107,6 +116,7 @@ SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.layers.attention.torch_native_backend": _speculative_target_verify,
     "sglang.srt.speculative.draft_utils": _speculative_draft_backends,
     "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _mamba_state_commit_on_cpu,
+    "sglang.srt.layers.attention.mamba.mamba": _mamba2_on_cpu,
 }
 
 

@@ -1,10 +1,8 @@
 """A tiny Nemotron-Nano-VL checkpoint (`NemotronH_Nano_VL_V2`, the model SGLang 0.5.23 prunes with its own EVS):
 config, tokenizer and chat template, no weights (serve it with `--load-format dummy`).
 
-SGLang 0.5.23 builds it on the CPU route and starts serving, with and without this plugin, but cannot run a
-forward there: its NemotronH Mamba2 layers call Triton kernels that have no CPU path (`docs/cpu-runtime.md`
-names them). So it is used for what can be shown without a forward: that a server starts with SGLang's own
-EVS at the documented rate, the plugin installed or not.
+transformers has no Nemotron-Nano-VL to draw weights with, so SGLang's dummy loader draws them (seeded, the
+same in every server). On the CPU route its Mamba2 layers run on pure-torch stand-ins (`runtime/mamba2.py`).
 
 The config is the smallest SGLang's `NemotronH_Nano_VL_V2_Config` takes: a NemotronH language model with
 one Mamba2 (`M`), one attention (`*`) and MLP (`-`) layers, and a RADIO tower of timm's smallest ViT name
