@@ -10,7 +10,6 @@ shaped and strided as `MambaMixer2.forward` passes them, on varlen batches of 2-
 sequences with and without initial states and with padding slots.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -158,12 +157,8 @@ ORACLE = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def gaps_to_upstream() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", ORACLE], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+def gaps_to_upstream(triton_interpreter) -> dict:
+    return triton_interpreter(ORACLE)
 
 
 @pytest.mark.parametrize("name", ["conv_fn", "conv_update"])

@@ -7,10 +7,6 @@ process). The Mamba-state commit is compared with upstream's own non-CUDA
 fallback in `HybridLinearAttnBackend`.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -162,12 +158,8 @@ EXACT = ("build_tree", "verify_tree_greedy", "assign_draft_cache_locs", "assign_
 
 
 @pytest.fixture(scope="module")
-def gaps_to_upstream() -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", ORACLE], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+def gaps_to_upstream(triton_interpreter) -> dict:
+    return triton_interpreter(ORACLE)
 
 
 def test_gated_delta_net_verify_matches_upstream_triton(gaps_to_upstream):
