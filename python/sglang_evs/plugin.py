@@ -106,18 +106,17 @@ def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
     from sglang_evs.models.registry import MODELS
     from sglang_evs.sglang_compat import UNSUPPORTED_SERVER_FLAGS
 
-    architecture = checkpoint_architecture(server_args)
     given = [flag for attr, flag in UNSUPPORTED_SERVER_FLAGS.items() if getattr(server_args, attr, False)]
-    if given and architecture in MODELS:
+    if given and (architecture := checkpoint_architecture(server_args)) in MODELS:
         raise UnsupportedServerArgsError(
             f"sglang-evs does not support {', '.join(given)} for {architecture}: this project's embedding "
             "routine serves it and has no adaptive-dispatch path; remove the flag or uninstall sglang-evs"
         )
-    refuse_pruning_nothing_reads(server_args, architecture)
+    refuse_pruning_nothing_reads(server_args)
     return result
 
 
-def refuse_pruning_nothing_reads(server_args, architecture: str | None) -> None:
+def refuse_pruning_nothing_reads(server_args) -> None:
     """A server-wide pruning setting (`--json-model-override-args`) is read by this plugin for the
     architectures it prunes, and by SGLang itself for the models with SGLang's own EVS (which read the
     rate and prune with EVS only). Any other setting that would prune is refused by name, since it would
@@ -131,7 +130,10 @@ def refuse_pruning_nothing_reads(server_args, architecture: str | None) -> None:
 
     overrides = json.loads(getattr(server_args, "json_model_override_args", None) or "{}")
     pruning = pruning_from(overrides, NO_PRUNING)
-    if not pruning.prunes or architecture is None or prunes_videos(architecture):
+    if not pruning.prunes:
+        return
+    architecture = checkpoint_architecture(server_args)
+    if architecture is None or prunes_videos(architecture):
         return
     if pruned_by_sglang(architecture):
         if pruning.method != DEFAULT_METHOD:
