@@ -83,6 +83,12 @@ WITHOUT_MTP = SimpleNamespace(text_config=SimpleNamespace())
             WITH_MTP,
             "speculative decoding under pipeline parallelism (--pp-size 2)",
         ),
+        ({"speculative_algorithm": "EAGLE", "model_path": "m", "speculative_eagle_topk": 1}, WITH_MTP, None),
+        (
+            {"speculative_algorithm": "EAGLE", "model_path": "m", "speculative_eagle_topk": 4},
+            WITH_MTP,
+            "speculative draft trees (--speculative-eagle-topk 4; chains, topk 1, are proven)",
+        ),
     ],
 )
 def test_speculation_prunes_only_with_the_models_own_mtp_head(server_args, hf_config, conflict):

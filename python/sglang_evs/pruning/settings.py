@@ -82,7 +82,8 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
 
     - speculative decoding with a draft that does not read the target's positions
       (`draft_reads_target_positions`), or under pipeline parallelism (the draft runs on the last stage,
-      which learns the pruned positions for the target's forward only);
+      which learns the pruned positions for the target's forward only), or with draft trees (no test has
+      run a tree with pruning, on any device: the CPU route runs chains only);
     - encoder disaggregation over a transport other than SGLang's default `zmq_to_scheduler` (the
       encoder prunes and sends a record per video with the kept rows, `pruning/disaggregated.py`;
       Mooncake publishes the row counts before the encoder has run);
@@ -94,6 +95,9 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
         return f"speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm {algorithm})"
     if algorithm is not None and getattr(server_args, "pp_size", 1) > 1:
         return f"speculative decoding under pipeline parallelism (--pp-size {server_args.pp_size})"
+    topk = getattr(server_args, "speculative_eagle_topk", None) or 1
+    if algorithm is not None and topk > 1:
+        return f"speculative draft trees (--speculative-eagle-topk {topk}; chains, topk 1, are proven)"
     mode = getattr(server_args, "disaggregation_mode", "null")
     if mode in ("prefill", "decode"):
         return f"prefill/decode disaggregation (--disaggregation-mode {mode})"
