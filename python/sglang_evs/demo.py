@@ -8,18 +8,21 @@ q = 0 and at the given rate (per-request settings). Prints a table of prompt and
 reply, and the path of a picture of what was kept. No timing: on the tiny model the vision tower and
 the server's fixed costs outweigh the language model, so one request's latency says nothing about
 pruning; the measured speed-ups, with their intervals, are in README.md and docs/benchmarks.md.
+
+The demo prints only what it is about: the import-time warnings SGLang and transformers give in this
+process (quantization backends a CPU lacks, Triton's fallback, progress bars) are silenced here; the
+server's own output, warnings included, is in its log (`.cache/demo/server.log`).
 """
 
 import argparse
+import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from sglang_evs import visualize
-from sglang_evs.testing import media, tiny_model
 from sglang_evs.testing.requests import pruning_setting
-from sglang_evs.testing.server import running_server
 
 CACHE = Path(".cache/demo")
 
@@ -50,12 +53,26 @@ def ask(base_url: str, video: Path, pruning_rate: float, method: str) -> Answer:
     return Answer(usage["prompt_tokens"], details.get("video_tokens", 0), reply["choices"][0]["message"]["content"])
 
 
+def quiet_libraries() -> None:
+    """Silence, in this process only, what SGLang and transformers print at import and while building."""
+    warnings.filterwarnings("ignore")
+    logging.getLogger("sglang").setLevel(logging.ERROR)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pruning-rate", type=float, default=0.75)
     parser.add_argument("--pruning-method", choices=["evs", "vidcom2"], default="evs")
     parser.add_argument("--model", type=Path, help="a Qwen3-VL checkpoint (default: build the tiny one)")
     args = parser.parse_args()
+    quiet_libraries()
+    from sglang_evs import visualize
+    from sglang_evs.testing import media, tiny_model
+    from sglang_evs.testing.server import running_server
 
     CACHE.mkdir(parents=True, exist_ok=True)
     model = args.model or tiny_model.build_tiny_qwen3_vl(CACHE / "tiny-qwen3-vl")

@@ -152,7 +152,7 @@ def test_the_plugin_serves_glm_through_its_adapter(servers, architecture, clips)
 # --- counts
 
 
-@pytest.mark.parametrize("q", [0.25, 0.5, 0.75, 0.9])
+@pytest.mark.parametrize("q", [0.25, 0.5, 0.75, 0.8])  # at .8, 19 tokens: past group 0 (at .9 only group 0)
 def test_prompt_tokens_drop_by_exactly_the_pruned_count(servers, architecture, clips, q):
     server = servers[architecture, "on"]
     unpruned = video(server, clips["moving"], 0.0)
@@ -174,24 +174,29 @@ def test_vidcom2_keeps_its_own_count(servers, clips):
     assert pruned.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - kept)
 
 
-def test_a_one_frame_video_is_one_group_kept_whole(servers, tmp_path):
+def test_a_one_frame_video_is_one_group_kept_whole(servers, clips, tmp_path):
     """GLM's sampler repeats a lone frame into one temporal group (Qwen's needs two frames: `families.GLM4V`
-    says one is enough); EVS keeps group 0 whole, so q = .5 serves what q = 0 does."""
+    says one is enough). Beside a six-group video pruned at q = .5, it keeps its group whole: the request's
+    video tokens are its 16 and the other video's EVS count, and the prompt drops by that video's pruned
+    count only."""
     server = servers[DENSE, "on"]
-    clip = media.write_clip(tmp_path / "one.mp4", "moving", num_frames=1, fps=4, seed=9, height=SIDE, width=SIDE)
-    unpruned, pruned = video(server, clip, 0.0), video(server, clip, 0.5)
-    assert unpruned.meta["video_tokens"] == pruned.meta["video_tokens"] == TOKENS_PER_GROUP
-    assert (pruned.output_ids, pruned.prompt_tokens) == (unpruned.output_ids, unpruned.prompt_tokens)
+    one = media.write_clip(tmp_path / "one.mp4", "moving", num_frames=1, fps=4, seed=9, height=SIDE, width=SIDE)
+    prompt, kwargs = glm4v_chat_prompt(GLM4V_VIDEO, GLM4V_VIDEO), media_kwargs(videos=[one, clips["moving"]])
+    unpruned, pruned = (generate(server.base_url, prompt, **kwargs, **per_request_rate(q))[0] for q in (0.0, 0.5))
+    assert unpruned.meta["video_tokens"] == TOKENS_PER_GROUP + GROUPS * TOKENS_PER_GROUP
+    assert pruned.meta["video_tokens"] == TOKENS_PER_GROUP + evs_count(0.5)
+    assert pruned.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - evs_count(0.5))
 
 
-def test_images_are_never_pruned(servers, architecture, images):
+def test_images_are_never_pruned(servers, architecture, images, clips):
+    """GLM writes video rows with the image token: an image beside a video pruned at q = .9 keeps every row
+    (the prompt drops by exactly the video's pruned count, and the image's reported rows are q = 0's)."""
     server = servers[architecture, "on"]
-    prompt, kwargs = glm4v_chat_prompt(GLM4V_IMAGE, GLM4V_IMAGE), media_kwargs(images=images)
-    runs = []
-    for q in (0.9, 0.0):
-        flush_cache(server.base_url)
-        runs.append(generate(server.base_url, prompt, **kwargs, **per_request_rate(q))[0])
-    assert runs[0] == runs[1]
+    prompt = glm4v_chat_prompt(GLM4V_IMAGE, GLM4V_VIDEO)
+    kwargs = media_kwargs(images=images[:1], videos=[clips["moving"]])
+    unpruned, pruned = (generate(server.base_url, prompt, **kwargs, **per_request_rate(q))[0] for q in (0.0, 0.9))
+    assert pruned.prompt_tokens == unpruned.prompt_tokens - (GROUPS * TOKENS_PER_GROUP - evs_count(0.9))
+    assert pruned.meta["image_tokens"] == unpruned.meta["image_tokens"] > 0
 
 
 def test_what_pruning_saved_is_reported_per_request_and_per_server(servers, architecture, tmp_path):

@@ -14,12 +14,15 @@ draft really drafts: a head that failed to load would accept none.
 """
 
 import asyncio
+import json
+import shutil
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import requests
 import torch
 
 from conftest import assert_same_generation, load_benchmark
@@ -34,7 +37,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 from sglang_evs.testing.workload import send_alone, send_together
 
 pytestmark = pytest.mark.slow  # five servers
@@ -320,6 +323,11 @@ class ServedEagle3:
     plain: dict[tuple[str, str], Generation] = field(default_factory=dict)
     upstream: dict[str, Generation] = field(default_factory=dict)
     traced: TracedRequest | None = None
+    # the server speculating with a draft blind to M-RoPE positions: a pruning request's answer, and the
+    # same video without pruning before and after it
+    blind_refusal: requests.Response | None = None
+    blind_before: Generation | None = None
+    blind_after: Generation | None = None
 
 
 @pytest.fixture(scope="module")
@@ -329,19 +337,35 @@ def eagle3_draft_dir(tiny_qwen3_vl_six_layers_dir, tmp_path_factory) -> Path:
     return tiny_model.build_eagle3_draft(tmp_path_factory.mktemp("eagle3") / "draft", tiny_qwen3_vl_six_layers_dir)
 
 
-def eagle3_launches(model: Path, draft: Path, out: Path) -> tuple[Launch, ...]:
+@pytest.fixture(scope="module")
+def blind_eagle3_draft_dir(eagle3_draft_dir, tmp_path_factory) -> Path:
+    """The same EAGLE3 draft with 1-D rotary (no `mrope_section`): SGLang serves it, the plugin refuses to
+    prune with it (`settings.draft_reads_target_positions`)."""
+    out = tmp_path_factory.mktemp("eagle3_blind") / "draft"
+    shutil.copytree(eagle3_draft_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    config["rope_scaling"].pop("mrope_section")
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def eagle3_flags(draft: Path) -> list[str]:
+    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft), *NEXTN[2:]]
+
+
+def eagle3_launches(model: Path, draft: Path, blind_draft: Path, out: Path) -> tuple[Launch, ...]:
     trace_path = out / "trace.jsonl"
     args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
-    eagle3 = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(draft), *NEXTN[2:]]
     return (
-        Launch(model, out / "speculating.log", [*args, *eagle3], traced(trace_path)),
+        Launch(model, out / "speculating.log", [*args, *eagle3_flags(draft)], traced(trace_path)),
         Launch(model, out / "plain.log", args),
-        Launch(model, out / "upstream.log", [*args, *eagle3], {"SGLANG_PLUGINS": "none"}),
+        Launch(model, out / "upstream.log", [*args, *eagle3_flags(draft)], {"SGLANG_PLUGINS": "none"}),
+        Launch(model, out / "blind.log", [*args, *eagle3_flags(blind_draft)]),
     )
 
 
 def serve_eagle3(servers, all_cases: dict, out: Path) -> ServedEagle3:
-    speculating, plain, upstream = servers
+    speculating, plain, upstream, blind = servers
     trace_path = out / "trace.jsonl"
     served = ServedEagle3()
     for name in ("text", "image", "video"):
@@ -352,16 +376,21 @@ def serve_eagle3(servers, all_cases: dict, out: Path) -> ServedEagle3:
             served.speculating[name, setting_name] = ask(speculating.base_url, all_cases[name], SETTINGS[setting_name])
             served.plain[name, setting_name] = ask(plain.base_url, all_cases[name], SETTINGS[setting_name])
     served.traced = trace_pruned_request(speculating.base_url, trace_path, out, seed=43)
+    prompt, kw = all_cases["video"]
+    served.blind_before = ask(blind.base_url, all_cases["video"], {})
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}, **kw, **SETTINGS["evs q=0.5"]}
+    served.blind_refusal = requests.post(f"{blind.base_url}/generate", json=body, timeout=120)
+    served.blind_after = ask(blind.base_url, all_cases["video"], {})
     return served
 
 
 @pytest.fixture(scope="module")
 def served_both(media_dir, clips, tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, tiny_qwen3_vl_six_layers_dir,
-                eagle3_draft_dir, tmp_path_factory) -> tuple[Served, ServedEagle3]:  # fmt: skip
-    """The eight servers of this module, started together (starting is mostly one core importing)."""
+                eagle3_draft_dir, blind_eagle3_draft_dir, tmp_path_factory) -> tuple[Served, ServedEagle3]:  # fmt: skip
+    """The nine servers of this module, started together (starting is mostly one core importing)."""
     qwen3_5_out, eagle3_out = tmp_path_factory.mktemp("speculation"), tmp_path_factory.mktemp("eagle3_speculation")
-    launches = (*qwen3_5_launches(tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, qwen3_5_out),
-                *eagle3_launches(tiny_qwen3_vl_six_layers_dir, eagle3_draft_dir, eagle3_out))  # fmt: skip
+    eagle3 = eagle3_launches(tiny_qwen3_vl_six_layers_dir, eagle3_draft_dir, blind_eagle3_draft_dir, eagle3_out)
+    launches = (*qwen3_5_launches(tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, qwen3_5_out), *eagle3)
     all_cases = cases(media_dir, clips)
     with running_servers(*launches) as servers:
         return serve_qwen3_5(servers[:5], all_cases, clips, qwen3_5_out), serve_eagle3(
@@ -389,9 +418,37 @@ def test_eagle3_at_q0_the_plugin_speculates_bit_identically_to_upstream(served_e
 def test_eagle3_pruned_videos_get_the_tokens_of_no_speculation(served_eagle3):
     assert len(served_eagle3.plain) == 6
     for key, want in served_eagle3.plain.items():
-        assert_same(served_eagle3.speculating[key], want, f"EAGLE3 {key}")
-        assert want.prompt_tokens < served_eagle3.speculating["video", "q=0"].prompt_tokens or key[0] != "video"
+        got = served_eagle3.speculating[key]
+        assert_same(got, want, f"EAGLE3 {key}")
+        assert got.meta["spec_verify_ct"] < MAX_NEW_TOKENS, key  # some verify accepted a draft
+    unpruned = served_eagle3.speculating["video", "q=0"].prompt_tokens
+    assert all(served_eagle3.plain["video", setting].prompt_tokens < unpruned for _, setting in served_eagle3.plain)
+    for name in ("video", "image_video"):  # a higher rate keeps fewer rows, an image among them too
+        half, three_quarters = (served_eagle3.plain[name, f"evs q={rate}"].prompt_tokens for rate in (0.5, 0.75))
+        assert three_quarters < half, name
 
 
 def test_eagle3_draft_and_target_forwards_use_the_rules_positions(served_eagle3, tiny_qwen3_vl_six_layers_dir):
     assert_forwards_at_the_rules_positions(served_eagle3.traced, tiny_qwen3_vl_six_layers_dir)
+
+
+BLIND_DRAFT = "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm EAGLE3)"
+
+
+def test_a_pruning_request_to_a_server_speculating_with_a_refused_draft_gets_400(served_eagle3):
+    """The server speculates with a 1-D-rotary EAGLE3 draft (no pruning default): a request asking for
+    pruning is refused naming the setting and the draft, and the server serves on, the same tokens."""
+    refusal = served_eagle3.blind_refusal
+    assert refusal.status_code == 400, refusal.text
+    assert "video_pruning_rate=0.5" in refusal.json()["message"] and BLIND_DRAFT in refusal.json()["message"]
+    assert served_eagle3.blind_after.output_ids == served_eagle3.blind_before.output_ids
+    assert served_eagle3.blind_before.meta["spec_verify_ct"] > 0  # it speculates
+
+
+def test_a_pruning_default_with_a_refused_draft_stops_at_startup(tiny_qwen3_vl_six_layers_dir, blind_eagle3_draft_dir):
+    done = run_to_exit(
+        tiny_qwen3_vl_six_layers_dir,
+        [*eagle3_flags(blind_eagle3_draft_dir), "--json-model-override-args", '{"video_pruning_rate": 0.5}'],
+    )
+    assert done.returncode != 0
+    assert "video_pruning_rate=0.5" in done.stderr + done.stdout and BLIND_DRAFT in done.stderr + done.stdout

@@ -37,13 +37,16 @@ def test_the_language_server_deletes_the_pruned_pads_from_ids_positions_and_item
     # text, an image (2 pads), text, a video of two groups (3 pads each) framed by a timestamp token
     ids = [TEXT, IMAGE_PAD, IMAGE_PAD, TEXT, TEXT, *[VIDEO_PAD] * 3, TEXT, TEXT, *[VIDEO_PAD] * 3, TEXT]
     positions = torch.arange(3 * len(ids)).reshape(3, -1)
-    items = [Item(modality="image", offsets=[(1, 2)]), Item(modality="video", offsets=[(5, 7)]),
-             Item(modality="video", offsets=[(10, 12)])]  # fmt: skip
-    output = SimpleNamespace(input_ids=ids, mrope_positions=positions, mrope_position_delta=torch.tensor([[3]]),
-                             mm_items=items)  # fmt: skip
+
+    def output():  # upstream's processor output (the layout edits its items in place)
+        items = [Item(modality="image", offsets=[(1, 2)]), Item(modality="video", offsets=[(5, 7)]),
+                 Item(modality="video", offsets=[(10, 12)])]  # fmt: skip
+        return SimpleNamespace(input_ids=ids, mrope_positions=positions, mrope_position_delta=torch.tensor([[3]]),
+                               mm_items=items)  # fmt: skip
+
     record = {"method": "evs", "rate": 0.5, "kept": [0, 1, 2], "tokens": 6}  # group 1 pruned whole
     rows = torch.randn(3, 4)
-    out = lay_out_pruned(output, [record], rows, VIDEO_PAD)
+    out = lay_out_pruned(output(), [record], rows, VIDEO_PAD)
     keep = torch.tensor([True] * 10 + [False] * 3 + [True])
     assert out.input_ids == torch.tensor(ids)[keep].tolist()
     assert torch.equal(out.mrope_positions, positions[:, keep])
@@ -51,4 +54,26 @@ def test_the_language_server_deletes_the_pruned_pads_from_ids_positions_and_item
     assert [item.offsets for item in out.mm_items] == [[(1, 2)], [(5, 7)]]  # the empty group is gone
     assert torch.equal(out.mm_items[1].precomputed_embeddings, rows)
     with pytest.raises(ValueError, match="rows received"):
-        lay_out_pruned(SimpleNamespace(**{**vars(output), "input_ids": ids}), [record], rows[:2], VIDEO_PAD)
+        lay_out_pruned(output(), [record], rows[:2], VIDEO_PAD)
+
+
+def test_pads_are_found_only_inside_video_spans_and_an_item_may_have_several():
+    """GLM's layout: video rows written with the image token, one span per temporal group, and an image
+    beside the video with the same token. The image keeps every row; the video's second group loses two."""
+    shared = IMAGE_PAD
+    ids = [TEXT, shared, shared, TEXT, *[shared] * 3, TEXT, *[shared] * 3, TEXT]
+    positions = torch.arange(3 * len(ids)).reshape(3, -1)
+    items = [Item(modality="image", offsets=[(1, 2)]), Item(modality="video", offsets=[(4, 6), (8, 10)])]
+    output = SimpleNamespace(input_ids=ids, mrope_positions=positions, mrope_position_delta=torch.tensor([[0]]),
+                             mm_items=items)  # fmt: skip
+    record = {"method": "evs", "rate": 0.3, "kept": [0, 1, 2, 4], "tokens": 6}
+    rows = torch.randn(4, 4)
+    out = lay_out_pruned(output, [record], rows, shared)
+    keep = torch.tensor([True] * 8 + [False, True, False, True])  # group 1's rows 0 and 2 (tokens 8, 10) pruned
+    assert out.input_ids == torch.tensor(ids)[keep].tolist()
+    assert torch.equal(out.mrope_positions, positions[:, keep])
+    assert int(out.mrope_position_delta) == 2
+    assert [item.offsets for item in out.mm_items] == [[(1, 2)], [(4, 6), (8, 8)]]
+    assert torch.equal(out.mm_items[1].precomputed_embeddings, rows)
+    with pytest.raises(ValueError, match="video pads"):  # the image's two pads are not the video's
+        lay_out_pruned(output, [{**record, "tokens": 8, "kept": None}], torch.randn(8, 4), shared)

@@ -80,9 +80,18 @@ def lay_out_pruned(output, records: list[dict], video_rows: torch.Tensor, video_
     """Upstream's processor output for the unpruned prompt (its video items over stand-in rows) -> the
     pruned prompt: each video's pruned pads deleted from the ids, the M-RoPE positions and the items'
     spans, the decode offset grown by their count, and the received kept rows [sum kept, D] placed in
-    the video items, in order. Records: `video_record`s, one per video in prompt order."""
+    the video items, in order. Records: `video_record`s, one per video in prompt order.
+
+    A video's pads are the `video_token_id` tokens inside its items' spans, and an item may have several
+    spans (GLM writes a video's rows with its image token, one span per temporal group): an image's pads
+    are never taken for a video's, even where the two share a token id."""
     ids = torch.as_tensor(output.input_ids)
-    pads = (ids == video_token_id).nonzero().flatten()
+    in_video = torch.zeros_like(ids, dtype=torch.bool)
+    for item in output.mm_items:
+        for start, end in item.offsets if item.is_video() else ():
+            in_video[start : end + 1] = True
+    is_pad = in_video & (ids == video_token_id)
+    pads = is_pad.nonzero().flatten()
     masks = []
     for record in records:
         mask = torch.ones(record["tokens"], dtype=torch.bool)
@@ -100,16 +109,18 @@ def lay_out_pruned(output, records: list[dict], video_rows: torch.Tensor, video_
     new_index = keep.cumsum(0) - 1
     items, consumed = [], 0
     for item in output.mm_items:
-        ((start, end),) = item.offsets  # one span each (upstream's get_mm_data)
-        span = keep[start : end + 1]
+        offsets, kept_pads = [], 0
+        for start, end in item.offsets:
+            kept_at = start + keep[start : end + 1].nonzero().flatten()
+            if kept_at.numel():
+                offsets.append((int(new_index[kept_at[0]]), int(new_index[kept_at[-1]])))
+            kept_pads += int((keep & is_pad)[start : end + 1].sum())
+        if not offsets:  # every row of the item pruned
+            continue
         if item.is_video():
-            count = int(span.sum())
-            if count == 0:
-                continue
-            item.precomputed_embeddings = video_rows[consumed : consumed + count]
-            consumed += count
-        kept_at = start + span.nonzero().flatten()
-        item.offsets = [(int(new_index[kept_at[0]]), int(new_index[kept_at[-1]]))]
+            item.precomputed_embeddings = video_rows[consumed : consumed + kept_pads]
+            consumed += kept_pads
+        item.offsets = offsets
         items.append(item)
     pruned = int((~keep).sum())
     output.input_ids = ids[keep].tolist()
