@@ -196,6 +196,11 @@ def test_at_q0_the_plugin_speculates_bit_identically_to_upstream(served):
         got = served.speculating[name, "q=0"]
         assert got.output_ids == want.output_ids and got.logprobs == want.logprobs, name
         assert got.top_logprobs == want.top_logprobs, name
+    # on text the draft reads the positions upstream's reads (every M-RoPE axis is the index): the same drafts
+    text, upstream_text = served.speculating["text", "q=0"].meta, served.upstream["text"].meta
+    assert (text["spec_accept_length"], text["spec_verify_ct"]) == (
+        upstream_text["spec_accept_length"], upstream_text["spec_verify_ct"]
+    )  # fmt: skip
 
 
 def test_drafts_are_accepted_and_reported_as_upstream_reports_them(served):
