@@ -62,6 +62,22 @@ def test_adaptive_dispatch_to_encoder_is_refused_naming_the_flag_for_our_models_
         assert plugin.refuse_unsupported_server_args("checked", allowed) == "checked"
 
 
+def test_an_encoder_with_data_parallel_workers_is_refused_for_our_models_only(tiny_model_dir, tiny_gemma3_dir):
+    """SGLang starts an encoder's DP workers without plugins (`launch_dp_worker`): they could not prune."""
+    with pytest.raises(plugin.UnsupportedServerArgsError, match="--encoder-only with --dp-size 2"):
+        plugin.refuse_encoder_data_parallel(_server_args(tiny_model_dir, encoder_only=True, dp_size=2))
+    assert plugin.refuse_encoder_data_parallel(_server_args(tiny_gemma3_dir, encoder_only=True, dp_size=2)) is None
+
+
+@pytest.mark.slow
+def test_an_encoder_with_data_parallel_workers_stops_at_startup(tiny_model_dir):
+    from sglang_evs.testing.server import run_to_exit
+
+    done = run_to_exit(tiny_model_dir, ["--encoder-only", "--dp-size", "2"])
+    assert done.returncode != 0
+    assert "sglang-evs does not support --encoder-only with --dp-size 2" in done.stdout + done.stderr
+
+
 def test_a_server_wide_pruning_setting_for_a_model_not_pruned_is_refused(tiny_gemma3_dir, tiny_model_dir):
     """Gemma 3's processor never reads the setting: silently serving it unpruned is refused at startup."""
     message = "Gemma3ForConditionalGeneration does not prune videos, so its video_pruning_rate would be ignored"

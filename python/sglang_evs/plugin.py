@@ -86,6 +86,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("video_meta_attrs"), disaggregated.with_pruning_records, after)
     before = sglang.HookType.BEFORE
     register(sglang.hook_target("encoder_failed_request"), disaggregated.reportable_failed_request, before)
+    register(sglang.hook_target("encoder_data_parallel"), refuse_encoder_data_parallel, before)
     if trace.enabled():
         register(sglang.hook_target("prefill_graph_execute"), trace_prefill_graph_replay, after)
     # Our models' language models take no tensor argument but input_embeds (deepstack and
@@ -114,6 +115,21 @@ def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
         )
     refuse_pruning_nothing_reads(server_args)
     return result
+
+
+def refuse_encoder_data_parallel(server_args, *args, **kwargs) -> None:
+    """BEFORE hook on the encoder server's DP launch (`--encoder-only --dp-size N`, which SGLang never
+    passes through `check_server_args`): SGLang starts an encoder's DP workers without plugins, so for this
+    project's models they would send unpruned rows, without records, for requests that ask for pruning."""
+    from sglang_evs.models.registry import MODELS
+
+    architecture = checkpoint_architecture(server_args)
+    if architecture in MODELS:
+        raise UnsupportedServerArgsError(
+            f"sglang-evs does not support --encoder-only with --dp-size {server_args.dp_size} for {architecture}: "
+            "SGLang starts an encoder's DP workers without plugins, so they could not prune; start one "
+            "--encoder-only server per worker instead (--encoder-urls takes several)"
+        )
 
 
 def refuse_pruning_nothing_reads(server_args) -> None:

@@ -122,6 +122,8 @@ HOOK_TARGETS: dict[str, str] = {
     "encoder_compute_embedding": "sglang.srt.disaggregation.encoder.server:MMEncoder._compute_embedding",
     "encoder_send": "sglang.srt.disaggregation.encoder.server:MMEncoder._send",
     "video_meta_attrs": "sglang.srt.disaggregation.encoder.receiver:video_meta_attrs_for",
+    # an `--encoder-only` server's DP launch (its workers start without plugins)
+    "encoder_data_parallel": "sglang.srt.disaggregation.encoder.runtime:launch_dp_runtime",
     # the Req a `--language-only` scheduler builds to report a request whose media never came back
     "encoder_failed_request": "sglang.srt.disaggregation.encoder.receiver:MMReceiverBase.create_req",
     # traced only (SGLANG_EVS_TRACE): each prefill CUDA graph replay
