@@ -44,6 +44,9 @@ pytestmark = pytest.mark.slow  # five servers
 
 NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3")  # fmt: skip
+# The MoE pair drafts three steps deep (four verify tokens): a longer chain over the pruned prompt.
+NEXTN_THREE_STEPS = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+                     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")  # fmt: skip
 CHUNK = 29
 # Gated DeltaNet conv states in float32 (SGLang's default rounds them to bfloat16 between steps, which
 # a verify over three draft tokens does not: ~1e-3 apart in logprobs).
@@ -142,7 +145,7 @@ def qwen3_5_launches(dense: Path, moe: Path, out: Path) -> tuple[Launch, ...]:
                {**HYBRID_ENV, **traced(trace_path)}),
         Launch(dense, out / "plain.log", args, HYBRID_ENV),
         Launch(dense, out / "upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
-        Launch(moe, out / "moe-speculating.log", [*args, *NEXTN], HYBRID_ENV),
+        Launch(moe, out / "moe-speculating.log", [*args, *NEXTN_THREE_STEPS], HYBRID_ENV),
         Launch(moe, out / "moe-plain.log", args, HYBRID_ENV),
     )  # fmt: skip
 
@@ -244,6 +247,7 @@ def test_the_benchmark_measures_mtp_and_pruning_alone_and_together(served):
 
 
 def test_moe_speculation_gives_the_tokens_of_no_speculation(served):
+    """Three draft steps (`--speculative-num-steps 3`) on a video pruned at .75."""
     assert_same(served.moe["speculating"], served.moe["plain"], "Qwen3.5-MoE, video at .75")
     assert served.moe["speculating"].meta["spec_accept_length"] > 1.0
 
