@@ -1,12 +1,13 @@
-"""For VLM families it does not prune, the plugin changes nothing: Gemma 3, LLaVA and Qwen3-Omni (the thinker,
-with its audio tower) serve bit-identically with and without it.
+"""For VLM families it does not prune, the plugin changes nothing: Gemma 3, LLaVA, Qwen3-Omni (the thinker, with
+its audio tower) and Qwen4-Exp (bfloat16, without its sparse-attention indexer) serve bit-identically with and
+without it.
 
 Installed, the plugin leaves these models to SGLang: its own classes and its own `general_mm_embed_routine`
 (the registry-wide table is `test_registry.py`; these servers show it on live requests). Each family runs
-the same requests on two float32 servers started together: plugin on, and plugin off
+the same requests on two servers started together (float32; Qwen4-Exp bfloat16): plugin on, and plugin off
 (`SGLANG_PLUGINS=none`: SGLang loads no plugin, so its own routine serves). Prefill chunks of 16 tokens
 cut images' placeholder runs (16 pooled soft tokens for Gemma 3, 4 rows of 4 patches plus row ends for
-LLaVA, 64 for Qwen3-Omni) and Qwen3-Omni's videos and audio across chunks. Greedy tokens, the logprob of
+LLaVA, 64 for Qwen3-Omni and Qwen4-Exp) and their videos and audio across chunks. Greedy tokens, the logprob of
 every generated token and the top-5 logprobs at every step must be equal exactly (a batch's logprobs
 closely: see the batch test). An event trace in both servers shows that the plugin's routine embedded
 nothing in either, and that no process of the upstream one ran the plugin.
@@ -36,7 +37,7 @@ from sglang_evs.testing.requests import (
 )
 from sglang_evs.testing.server import Launch, running_servers
 
-pytestmark = pytest.mark.slow  # six servers: the full suite only (see pyproject.toml)
+pytestmark = pytest.mark.slow  # eight servers: the full suite only (see pyproject.toml)
 
 CHUNK = 16
 # Gemma 3's images need --enable-multimodal (without it SGLang 0.5.23 serves Gemma 3 as text and drops them);
@@ -110,7 +111,7 @@ def run_other_media(base_url: str, media_dir: Path, cases: tuple[str, ...]) -> d
 
 @pytest.fixture(scope="module")
 def served(request, media_dir, tmp_path_factory) -> dict:
-    """{(family, plugin): results}, {("log" | "trace", family, plugin): server log | trace path}; the four
+    """{(family, plugin): results}, {("log" | "trace", family, plugin): server log | trace path}; the
     servers start together."""
     work = tmp_path_factory.mktemp("other_families")
     images = (media_dir / "image.png", media_dir / "image2.png", media.write_image(work / "image3.png", seed=9))
