@@ -155,7 +155,7 @@ def send_alone(base_url: str, cases: Sequence[tuple[str, dict, float]]) -> list[
 
 
 def send_together(
-    base_url: str, cases: Sequence[tuple[str, dict, float]], trace_path: Path, attempts: int = 4
+    base_url: str, cases: Sequence[tuple[str, dict, float]], trace_path: Path, attempts: int = 8
 ) -> tuple[list[Generation], tuple[int, int, int]]:
     """(prompt, media kwargs, pruning rate) cases sent at once, one HTTP request each, from an empty radix
     cache, until the trace shows a prefill forward that held the media of two of them or more (at most
