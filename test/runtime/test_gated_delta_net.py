@@ -6,9 +6,6 @@ Python-level steps; the stand-ins are vectorised (and chunked for prefill).
 
 import math
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -385,7 +382,7 @@ def check_backend_forward() -> None:
     print("backend forward ok")
 
 
-def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu():
+def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu(cpu_route):
     """A fresh interpreter, as SGLang's scheduler: the GDN modules import, bind our functions,
     and GDNAttnBackend runs an extend and a decode through them."""
     code = f"""
@@ -414,12 +411,7 @@ def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu():
         import test_gated_delta_net
         test_gated_delta_net.check_backend_forward()
     """
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    env.pop("SGLANG_EVS_DISABLE_CPU_RUNTIME", None)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=180, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "unknown mamba name -> ImportError" in done.stdout
-    assert "wired" in done.stdout
-    assert "backend forward ok" in done.stdout
+    stdout = cpu_route(code)
+    assert "unknown mamba name -> ImportError" in stdout
+    assert "wired" in stdout
+    assert "backend forward ok" in stdout

@@ -10,9 +10,6 @@ shaped and strided as `MambaMixer2.forward` passes them, on varlen batches of 2-
 sequences with and without initial states and with padding slots.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -220,7 +217,7 @@ def test_speculative_verify_is_refused_by_name():
         )  # fmt: skip
 
 
-def test_mamba_mixer_module_gets_the_stand_ins_on_cpu():
+def test_mamba_mixer_module_gets_the_stand_ins_on_cpu(cpu_route):
     """A fresh interpreter, as SGLang's scheduler: importing MambaMixer2's module binds every kernel name."""
     code = """
         import sglang.srt.layers.attention.mamba.mamba as mixer
@@ -231,10 +228,5 @@ def test_mamba_mixer_module_gets_the_stand_ins_on_cpu():
         assert mixer.selective_state_update is mamba2.selective_state_update
         print("wired")
     """
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    env.pop("SGLANG_EVS_DISABLE_CPU_RUNTIME", None)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=180, env=env
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "wired" in done.stdout
+    stdout = cpu_route(code)
+    assert "wired" in stdout

@@ -24,6 +24,9 @@
 8. `sglang.srt.layers.attention.mamba.mamba` (Mamba2, NemotronH / Nemotron-Nano-VL) imports its causal
    convolution only on CUDA/NPU/XPU and scans with Triton: pure-torch stand-ins (`runtime/mamba2.py`)
    are bound into it under the names its `MambaMixer2.forward` calls.
+9. Qwen4-Exp's sparse-attention indexer (QSA): `qsa.qsa_indexer.QSAIndexer` gains `forward_cpu` and
+   `forward_native` (its portable `_forward_impl`; SGLang takes `forward_cpu` only on AMX CPUs), and
+   `qsa.kernel` / `qsa.metadata` a pure-torch `gather_qsa_compressed_keys` for the Triton kernel (`runtime/qsa.py`).
 """
 
 import importlib.abc
@@ -108,6 +111,18 @@ def _mamba2_on_cpu(module: ModuleType) -> None:
     install(module)
 
 
+def _qsa_indexer_on_cpu(module: ModuleType) -> None:
+    from sglang_evs.runtime.qsa import install_indexer
+
+    install_indexer(module)
+
+
+def _qsa_gather_on_cpu(module: ModuleType) -> None:
+    from sglang_evs.runtime.qsa import install_gather
+
+    install_gather(module)
+
+
 # module name -> work to do on the module right after it was imported
 SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.layers.attention.vision": _vision_attention_by_segment,
@@ -117,6 +132,10 @@ SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.speculative.draft_utils": _speculative_draft_backends,
     "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _mamba_state_commit_on_cpu,
     "sglang.srt.layers.attention.mamba.mamba": _mamba2_on_cpu,
+    # `metadata` imports the gather from `kernel` by name: each is patched when it is imported
+    "sglang.srt.layers.attention.qsa.kernel": _qsa_gather_on_cpu,
+    "sglang.srt.layers.attention.qsa.metadata": _qsa_gather_on_cpu,
+    "sglang.srt.layers.attention.qsa.qsa_indexer": _qsa_indexer_on_cpu,
 }
 
 

@@ -5,10 +5,9 @@ attention) with hyper-connections, per-layer embeddings (PLE), n-gram embeddings
 through the same Qwen processor as Qwen3-VL's. SGLang builds the n-gram embeddings and hyper-connections in
 bfloat16 whatever `--dtype` says, so it serves in bfloat16 only.
 
-The sparse-attention indexer (QSA, the `indexer_*` fields) is left out of the checkpoint SGLang reads: it has
-no CPU path in SGLang 0.5.23 (`QSAIndexer` defines only CUDA and XPU forwards, and
-`gather_qsa_compressed_keys` is a Triton kernel), and it forces a page size of 64, which SGLang's hybrid
-radix cache refuses here. transformers' model always builds an indexer, so the weights are drawn with one
+The sparse-attention indexer (QSA, the `indexer_*` fields) is left out of the checkpoint SGLang reads: it
+forces a page size of 64, which SGLang's hybrid radix cache refuses here, so a server with it runs without
+the radix cache (the CPU route runs the indexer itself on `runtime/qsa.py`'s stand-ins). transformers' model always builds an indexer, so the weights are drawn with one
 (`DRAW_INDEXER`) and written without it: the checkpoint is SGLang's to serve, not transformers' to load.
 """
 
