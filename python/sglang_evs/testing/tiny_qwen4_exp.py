@@ -7,8 +7,9 @@ bfloat16 whatever `--dtype` says, so it serves in bfloat16 only.
 
 The sparse-attention indexer (QSA, the `indexer_*` fields) is left out of the checkpoint SGLang reads: it
 forces a page size of 64, which SGLang's hybrid radix cache refuses here, so a server with it runs without
-the radix cache (the CPU route runs the indexer itself on `runtime/qsa.py`'s stand-ins). transformers' model always builds an indexer, so the weights are drawn with one
-(`DRAW_INDEXER`) and written without it: the checkpoint is SGLang's to serve, not transformers' to load.
+the radix cache (the CPU route runs the indexer itself on `runtime/qsa.py`'s stand-ins). transformers'
+model always builds an indexer, so the weights are drawn with one (`DRAW_INDEXER`) and written without it:
+the checkpoint is SGLang's to serve, not transformers' to load.
 """
 
 import json
