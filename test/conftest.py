@@ -132,13 +132,13 @@ def tiny_qwen3_omni_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_nemotron_vl_dir() -> Path:
-    """Config and tokenizer only (`--load-format dummy`): SGLang cannot run its Mamba2 layers on CPU."""
+    """Config and tokenizer only (`--load-format dummy`): transformers has no Nemotron-Nano-VL to draw weights."""
     return build_cached_model("tiny", "NemotronH_Nano_VL_V2")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen4_exp_dir() -> Path:
-    """Config, tokenizer and processor only (`--load-format dummy --dtype bfloat16`): no transformers model."""
+    """Weights drawn by transformers' Qwen4-Exp, written without its indexer; served in bfloat16."""
     return build_cached_model("tiny", "Qwen4ExpForConditionalGeneration")
 
 

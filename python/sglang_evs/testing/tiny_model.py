@@ -858,8 +858,7 @@ def _check_gemma3(config: Any) -> None:
 # Families built by a module of their own (`build(out_dir, config_overrides, seed)`), outside ARCHITECTURES.
 FAMILY_MODULES = {
     "Qwen3OmniMoeForConditionalGeneration": "tiny_qwen3_omni",
-    # config and tokenizer only (no transformers model to draw weights): served with --load-format dummy
-    "NemotronH_Nano_VL_V2": "tiny_nemotron_vl",
+    "NemotronH_Nano_VL_V2": "tiny_nemotron_vl",  # config and tokenizer only: served with --load-format dummy
     "Qwen4ExpForConditionalGeneration": "tiny_qwen4_exp",
 }
 
