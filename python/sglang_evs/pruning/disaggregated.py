@@ -107,6 +107,7 @@ def lay_out_pruned(output, records: list[dict], video_rows: torch.Tensor, video_
     keep = torch.ones_like(ids, dtype=torch.bool)
     keep[pads] = pad_mask
     new_index = keep.cumsum(0) - 1
+    kept_pad = keep & is_pad
     items, consumed = [], 0
     for item in output.mm_items:
         offsets, kept_pads = [], 0
@@ -114,7 +115,7 @@ def lay_out_pruned(output, records: list[dict], video_rows: torch.Tensor, video_
             kept_at = start + keep[start : end + 1].nonzero().flatten()
             if kept_at.numel():
                 offsets.append((int(new_index[kept_at[0]]), int(new_index[kept_at[-1]])))
-            kept_pads += int((keep & is_pad)[start : end + 1].sum())
+            kept_pads += int(kept_pad[start : end + 1].sum())
         if not offsets:  # every row of the item pruned
             continue
         if item.is_video():
