@@ -11,7 +11,7 @@ and captures the buckets in `BUCKETS`; every live batch goes through `ModelRunne
 `can_run_graph`, `execute`, `load_batch` (which pads the batch to its bucket), the eager outer
 forward (`AdaptedModel.forward`, the embedding routine, `post_process`) and the replay of the
 captured segments, with attention running between them on the live batch's metadata. The one
-thing replaced is `torch.cuda.CUDAGraph`, by `CpuGraphSegment` (`sglang_evs.testing.cpu_graph`):
+thing replaced is `torch.cuda.CUDAGraph`, by `CpuGraphSegment` (`sglang_evs.runtime.cpu_graph`):
 a segment replays its recorded kernels on the tensors it touched at capture, as a CUDA graph does.
 
 The reference does not use the plugin's buffers: upstream SGLang's own model class, holding the
@@ -51,7 +51,7 @@ def load_runner(model_dir: str):
 
     from sglang_evs.bench import inprocess
     from sglang_evs.runtime import bootstrap
-    from sglang_evs.testing.cpu_graph import stand_in_for_cuda_graphs
+    from sglang_evs.runtime.cpu_graph import stand_in_for_cuda_graphs
 
     bootstrap.install()
     stand_in_for_cuda_graphs()

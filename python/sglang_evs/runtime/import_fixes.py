@@ -36,6 +36,8 @@ import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+from sglang_evs.runtime import graph_mode
+
 STAND_IN_MODULES = {
     "sgl_kernel": "sglang_evs.runtime.sgl_kernel_cpu",
     "sgl_kernel.mamba": "sglang_evs.runtime.sgl_kernel_mamba",
@@ -139,6 +141,12 @@ SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
 }
 
 
+def _then(first: Callable[[ModuleType], None] | None, second: Callable[[ModuleType], None]):
+    if first is None:
+        return second
+    return lambda module: (first(module), second(module))
+
+
 class _ThenLoader(importlib.abc.Loader):
     """The real loader, then a fix applied to the module it executed."""
 
@@ -172,6 +180,9 @@ class CpuImportFixes(importlib.abc.MetaPathFinder):
         self._after_import = dict(SGLANG_CPU_AFTER_IMPORT) if sglang_fixes else {}
         if sglang_fixes:
             self._before_import.update(SGLANG_CPU_BEFORE_IMPORT)
+        if sglang_fixes and graph_mode.wanted():
+            for name, finish in graph_mode.AFTER_IMPORT.items():
+                self._after_import[name] = _then(self._after_import.get(name), finish)
 
     def find_spec(
         self,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import requests
 
+from sglang_evs.runtime.graph_mode import GRAPH_MODE_ENV
 from sglang_evs.runtime.rank_binding import cpu_rank_environment
 
 CPU_SERVER_ARGS = (
@@ -52,6 +53,10 @@ def server_environment(
             env.pop(key, None)
     env = {**env, **(CPU_ENV if cpu else OFFLINE_ENV), **(extra or {})}
     return {**env, **cpu_rank_environment(server_args, env)} if cpu else env
+
+
+def graph_mode_env(graph_mode: bool) -> dict[str, str]:
+    return {GRAPH_MODE_ENV: "1"} if graph_mode else {}
 
 
 def is_hybrid(model_path: str | Path) -> bool:
@@ -125,11 +130,14 @@ def start_server(
     cpu: bool = True,
     cores: Sequence[int] | None = None,
     launcher: str = "sglang.launch_server",
+    graph_mode: bool = False,
 ) -> subprocess.Popen:
     """`cpu=False` adds none of the CPU arguments and environment (a GPU run names its own). `cores`:
     the only CPU cores the server's processes may run on, and as many torch threads (a worker with
     cores of its own, as a GPU worker has its own GPU); None: every core this process may use.
-    `launcher`: the module run with `python -m` (`sglang_evs.launch_server` takes vLLM's pruning flags)."""
+    `launcher`: the module run with `python -m` (`sglang_evs.launch_server` takes vLLM's pruning flags).
+    `graph_mode`: a CPU server resolves and captures CUDA graphs as a CUDA server does, SGLang's own
+    decode and prefill graph runners replaying on CPU stand-ins (`runtime/graph_mode.py`)."""
     port = port or free_port()
     cmd = [
         sys.executable, "-m", launcher,
@@ -137,7 +145,7 @@ def start_server(
         "--host", "127.0.0.1", "--port", str(port),
         *(cpu_server_args(model_path) if cpu else ()), *extra_args,
     ]  # fmt: skip
-    environment = server_environment(cpu, env, server_args=extra_args)
+    environment = server_environment(cpu, {**(env or {}), **graph_mode_env(graph_mode)}, server_args=extra_args)
     if cores is not None:
         environment["OMP_NUM_THREADS"] = str(len(cores))
     process = spawn(cmd, log_path, environment, cores)
@@ -202,6 +210,7 @@ class Launch:
     cpu: bool = True
     cores: Sequence[int] | None = None
     launcher: str = "sglang.launch_server"
+    graph_mode: bool = False
 
 
 @contextmanager
@@ -222,6 +231,7 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
                     cpu=launch.cpu,
                     cores=launch.cores,
                     launcher=launch.launcher,
+                    graph_mode=launch.graph_mode,
                 )
             )
         servers = []

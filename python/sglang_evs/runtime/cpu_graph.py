@@ -14,6 +14,7 @@ captured for them, so later ops see the new values. Shapes and control flow are 
 as in a CUDA graph; values read back to Python during capture (`.item()`) stay frozen too.
 """
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -63,6 +64,10 @@ def _write_back(captured: Any, result: Any) -> None:
             _write_back(c, r)
 
 
+replays = [0]  # CpuGraphSegment replays in this process (a trace reads it to show a forward replayed)
+_capturing = [False]  # inside a segment's capture: `torch.cpu.is_current_stream_capturing()`
+
+
 class CpuGraphSegment:
     """`torch.cuda.CUDAGraph`'s capture API over a `CpuGraph`: `capture_begin`, `capture_end`, `replay`.
 
@@ -76,8 +81,10 @@ class CpuGraphSegment:
 
     def capture_begin(self, *args, **kwargs) -> None:
         self.graph.__enter__()
+        _capturing[0] = True
 
     def capture_end(self) -> None:
+        _capturing[0] = False
         self.graph.__exit__(None, None, None)
 
     def instantiate(self) -> None:
@@ -85,10 +92,27 @@ class CpuGraphSegment:
 
     def replay(self) -> None:
         self.graph.replay()
+        replays[0] += 1
+
+    def reset(self) -> None:
+        self.graph = CpuGraph()
+
+
+@contextmanager
+def graph(cuda_graph: CpuGraphSegment, pool: Any = None, stream: Any = None, capture_error_mode: str = "global"):
+    """`torch.cuda.graph` for the CPU device module: capture the body into `cuda_graph`."""
+    cuda_graph.capture_begin()
+    try:
+        yield cuda_graph
+    finally:
+        cuda_graph.capture_end()
 
 
 def stand_in_for_cuda_graphs() -> None:
     """Test processes only: `torch.cuda.CUDAGraph` becomes `CpuGraphSegment`, and the CPU device
-    module gets the graph-pool handle SGLang asks it for (a CPU graph needs no memory pool)."""
+    module (`torch.get_device_module("cpu")`, which SGLang's graph runners call) gets the capture
+    context, the capturing query and the graph-pool handle (a CPU graph needs no memory pool)."""
     torch.cuda.CUDAGraph = CpuGraphSegment
     torch.cpu.graph_pool_handle = lambda: (0, 0)
+    torch.cpu.graph = graph
+    torch.cpu.is_current_stream_capturing = lambda: _capturing[0]

@@ -1,6 +1,6 @@
 import torch
 
-from sglang_evs.testing.cpu_graph import CpuGraph, CpuGraphSegment
+from sglang_evs.runtime.cpu_graph import CpuGraph, CpuGraphSegment
 
 
 def test_replay_recomputes_from_the_captured_tensors_without_python():
