@@ -63,7 +63,7 @@ def graph_replays(trace_path: Path) -> int:
     """Prefill graph replays the graph server has traced so far."""
     from sglang_evs import trace
 
-    return len(trace.read(trace_path, "prefill_graph_replay")) if trace_path.exists() else 0
+    return sum(e["phase"] == "prefill" for e in trace.read(trace_path, "graph_replay")) if trace_path.exists() else 0
 
 
 def timed_on_graph(base_url: str, body: dict, trace_path: Path) -> float:

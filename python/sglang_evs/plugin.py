@@ -88,7 +88,10 @@ def register_hooks() -> None:
     register(sglang.hook_target("encoder_failed_request"), disaggregated.reportable_failed_request, before)
     register(sglang.hook_target("encoder_data_parallel"), refuse_encoder_data_parallel, before)
     if trace.enabled():
-        register(sglang.hook_target("prefill_graph_execute"), trace_prefill_graph_replay, after)
+        from sglang_evs.graph_trace import trace_graph_replay
+
+        for runner in ("prefill", "decode", "draft_decode", "draft_extend"):
+            register(sglang.hook_target(f"{runner}_graph_execute"), trace_graph_replay, around)
     # Our models' language models take no tensor argument but input_embeds (deepstack and
     # positions sit in fixed buffers, models/graph_inputs.py), so SGLang's prefill CUDA
     # graphs may wrap them.
@@ -187,19 +190,6 @@ def carry_chat_pruning_setting(result, *args, **kwargs):
         return result
     generate_request.mm_processor_kwargs = chat_processor_kwargs(
         chat_request.chat_template_kwargs, generate_request.mm_processor_kwargs
-    )
-    return result
-
-
-def trace_prefill_graph_replay(result, runner, forward_batch, *args, **kwargs):
-    """AFTER hook on the prefill graph runner's execute (registered only while tracing)."""
-    from sglang_evs import trace
-
-    trace.record(
-        "prefill_graph_replay",
-        backend=type(runner.backend).__name__,
-        tokens=int(forward_batch.input_ids.shape[0]),
-        requests=int(forward_batch.batch_size),
     )
     return result
 

@@ -126,9 +126,16 @@ HOOK_TARGETS: dict[str, str] = {
     "encoder_data_parallel": "sglang.srt.disaggregation.encoder.runtime:launch_dp_runtime",
     # the Req a `--language-only` scheduler builds to report a request whose media never came back
     "encoder_failed_request": "sglang.srt.disaggregation.encoder.receiver:MMReceiverBase.create_req",
-    # traced only (SGLANG_EVS_TRACE): each prefill CUDA graph replay
+    # traced only (SGLANG_EVS_TRACE): each replay of a graph runner (graph_trace.py)
     "prefill_graph_execute": (
         "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.execute"
+    ),
+    "decode_graph_execute": "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.execute",
+    "draft_decode_graph_execute": (
+        "sglang.srt.speculative.eagle_draft_cuda_graph_runner:EAGLEDraftCudaGraphRunner.execute"
+    ),
+    "draft_extend_graph_execute": (
+        "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner:EAGLEDraftExtendCudaGraphRunner.execute"
     ),
 }
 

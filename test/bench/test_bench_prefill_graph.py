@@ -44,14 +44,14 @@ def test_without_a_gpu_it_says_so_and_starts_nothing(tmp_path):
 
 def test_a_timed_request_that_replayed_no_graph_stops_the_run(bench, tmp_path, monkeypatch):
     trace_path = tmp_path / "trace.jsonl"
-    trace_path.write_text('{"event": "prefill_graph_replay", "pid": 1}\n')  # warm-up's replay
+    trace_path.write_text('{"event": "graph_replay", "phase": "prefill", "pid": 1}\n')  # warm-up's replay
     monkeypatch.setattr(bench, "streamed_ttft_ms", lambda url, body: 5.0)
     with pytest.raises(RuntimeError, match="replayed no prefill graph"):
         bench.timed_on_graph("http://graph", {}, trace_path)
 
     def replaying(url, body):
         with open(trace_path, "a") as out:
-            out.write('{"event": "prefill_graph_replay", "pid": 1}\n')
+            out.write('{"event": "graph_replay", "phase": "prefill", "pid": 1}\n')
         return 7.0
 
     monkeypatch.setattr(bench, "streamed_ttft_ms", replaying)

@@ -85,7 +85,7 @@ def media_forwards_without_replay(trace_path) -> tuple[int, int]:
             if event["media_rows"] > 0:
                 carried += 1
                 pending[pid] = 1
-        elif event["event"] == "prefill_graph_replay":
+        elif event["event"] == "graph_replay" and event["phase"] == "prefill":
             pending.pop(pid, None)
     return carried, unreplayed + sum(pending.values())
 
@@ -119,15 +119,15 @@ def test_replay_check_ties_each_media_forward_to_a_replay(tmp_path):
 
     def write(*events):
         path = tmp_path / "trace.jsonl"
-        path.write_text("".join(json.dumps({"event": e, "pid": pid, "media_rows": rows}) + "\n"
+        path.write_text("".join(json.dumps({"event": e, "pid": pid, "media_rows": rows, "phase": "prefill"}) + "\n"
                                 for e, pid, rows in events))  # fmt: skip
         return path
 
-    replayed = write(("deepstack", 1, 8), ("deepstack", 2, 8), ("prefill_graph_replay", 2, 0),
-                     ("prefill_graph_replay", 1, 0), ("deepstack", 1, 0), ("deepstack", 1, 4),
-                     ("prefill_graph_replay", 1, 0))  # fmt: skip
+    replayed = write(("deepstack", 1, 8), ("deepstack", 2, 8), ("graph_replay", 2, 0),
+                     ("graph_replay", 1, 0), ("deepstack", 1, 0), ("deepstack", 1, 4),
+                     ("graph_replay", 1, 0))  # fmt: skip
     assert media_forwards_without_replay(replayed) == (3, 0)
-    eager_one = write(("deepstack", 1, 8), ("deepstack", 1, 8), ("prefill_graph_replay", 1, 0))
+    eager_one = write(("deepstack", 1, 8), ("deepstack", 1, 8), ("graph_replay", 1, 0))
     assert media_forwards_without_replay(eager_one) == (2, 1)
-    eager_last = write(("deepstack", 1, 8), ("prefill_graph_replay", 1, 0), ("deepstack", 1, 8))
+    eager_last = write(("deepstack", 1, 8), ("graph_replay", 1, 0), ("deepstack", 1, 8))
     assert media_forwards_without_replay(eager_last) == (2, 1)

@@ -285,7 +285,7 @@ def expected_positions(event: dict, rule: torch.Tensor, offset: int) -> torch.Te
     prompt rows at their index; afterwards `index + offset` on all three axes. Rows pair with
     the positions upstream pairs them with: a draft row holds token t's hidden state and position
     with token t+1's embedding; a draft decode step the position of the last token it saw."""
-    rows, (seq_len,) = len(event["input_ids"]), event["seq_lens"]
+    rows, (seq_len,) = event["rows"], event["seq_lens"]
     first = {  # the sequence index of the forward's first row
         "EXTEND": seq_len - rows,
         "TARGET_VERIFY": seq_len,

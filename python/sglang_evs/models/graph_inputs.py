@@ -142,13 +142,15 @@ def refuse_deepstack_beyond_first_stage(language_model, deepstack_levels: int) -
 
 def trace_rope_positions(model: str, positions, forward_batch) -> None:
     """The rotary positions a language model (`model`: "target" or "draft") was handed, token by token
-    (not while a CUDA graph captures: reading them back would synchronise the capturing stream)."""
-    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+    (not while a graph captures: on CUDA reading them back would synchronise the capturing stream;
+    a replay's positions are traced from what it read, `graph_trace.py`)."""
+    if getattr(torch.get_device_module(positions.device), "is_current_stream_capturing", lambda: False)():
         return
     trace.record(
         "rope_positions",
         model=model,
         mode=forward_batch.forward_mode.name,
+        rows=int(positions.shape[-1]),
         input_ids=forward_batch.input_ids.tolist(),
         positions=positions.tolist(),
         seq_lens=forward_batch.seq_lens.tolist(),

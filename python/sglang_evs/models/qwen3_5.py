@@ -43,7 +43,13 @@ class Qwen3_5MTP(sglang.UpstreamQwen3_5MTP):
     while decoding. Rows pair token t's hidden state and position with token t+1's embedding, as
     upstream's. Greedy tokens and logprobs are the target's either way; the draft's positions decide
     only how many drafts are accepted.
+
+    `is_mrope_enabled` says so to SGLang's prefill graph runner, which captures the draft's layers
+    directly and hands them `forward_batch.mrope_positions` only where the model declares it (without
+    it a replayed draft prefill read the 1-D positions).
     """
+
+    is_mrope_enabled = True  # whenever the batch has M-RoPE positions, as `forward` reads them
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, **kwargs):
         if forward_batch.mrope_positions is not None:

@@ -14,6 +14,8 @@ captured for them, so later ops see the new values. Shapes and control flow are 
 as in a CUDA graph; values read back to Python during capture (`.item()`) stay frozen too.
 """
 
+from collections import deque
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,13 +39,26 @@ class CpuGraph(TorchDispatchMode):
             _write_back(captured, func(*args, **kwargs))
 
     def reads(self, tensor: torch.Tensor) -> bool:
-        """Whether any recorded op takes a tensor sharing `tensor`'s storage as an input."""
-        storage = tensor.untyped_storage().data_ptr()
+        """Whether any recorded op takes as an input a tensor whose memory overlaps `tensor`'s."""
+        start, end = _extent(tensor)
         return any(
-            isinstance(arg, torch.Tensor) and arg.untyped_storage().data_ptr() == storage
+            isinstance(arg, torch.Tensor) and _overlap((start, end), _extent(arg))
             for _, args, kwargs, _ in self.ops
             for arg in _flat([*args, *kwargs.values()])
         )
+
+
+def _extent(tensor: torch.Tensor) -> tuple[int, int]:
+    """The byte range [start, end) a tensor's elements span."""
+    start = tensor.data_ptr()
+    if tensor.numel() == 0:
+        return start, start
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    return start, start + (last + 1) * tensor.element_size()
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _flat(values):
@@ -64,7 +79,8 @@ def _write_back(captured: Any, result: Any) -> None:
             _write_back(c, r)
 
 
-replays = [0]  # CpuGraphSegment replays in this process (a trace reads it to show a forward replayed)
+# segments replayed since the last `take_replayed()` (bounded: only a trace takes them)
+replayed: deque["CpuGraphSegment"] = deque(maxlen=10_000)
 _capturing = [False]  # inside a segment's capture: `torch.cpu.is_current_stream_capturing()`
 
 
@@ -91,11 +107,28 @@ class CpuGraphSegment:
         pass
 
     def replay(self) -> None:
+        while _before_next_replay:
+            _before_next_replay.pop()()
         self.graph.replay()
-        replays[0] += 1
+        replayed.append(self)
 
     def reset(self) -> None:
         self.graph = CpuGraph()
+
+
+_before_next_replay: list[Callable[[], None]] = []
+
+
+def before_next_replay(call: Callable[[], None]) -> None:
+    """Run `call` once, right before the next segment replays (when the runner has loaded its batch)."""
+    _before_next_replay.append(call)
+
+
+def take_replayed() -> list["CpuGraphSegment"]:
+    """The segments replayed since the last call (a trace asks what a runner's replay read)."""
+    taken = list(replayed)
+    replayed.clear()
+    return taken
 
 
 @contextmanager

@@ -26,6 +26,7 @@ capture as a CUDA server does:
 import functools
 import os
 import time
+from collections.abc import Callable
 from types import ModuleType
 
 GRAPH_MODE_ENV = "SGLANG_EVS_CPU_GRAPHS"
@@ -100,61 +101,110 @@ def decode_graphs_from_model_runner(module: ModuleType) -> None:
     module.capture_decode_graph = cuda_graph_setup.capture_decode_graph
 
 
+_upstream: dict[str, Callable] = {}  # upstream's torch-native `_run_sdpa_forward_{decode,extend}`
+
+
 @functools.cache
-def define_paged_decode_attention() -> None:
-    """Define `sglang_evs_cpu::paged_decode_attention`: upstream's torch-native decode attention
-    (`TorchNativeAttnBackend._run_sdpa_forward_decode`), as one op. query, output [bs, H, D];
-    k_cache, v_cache [slots, KH, D]; req_to_token [reqs, context]; req_pool_indices, seq_lens [bs].
-    A sliding window of -1 is none."""
+def define_paged_attention_ops() -> None:
+    """`sglang_evs_cpu::paged_decode_attention` and `::paged_extend_attention`: upstream's torch-native
+    attention (`TorchNativeAttnBackend._run_sdpa_forward_decode` / `_extend`), each as one op. query,
+    output [tokens, H, D]; k_cache, v_cache [slots, KH, D]; req_to_token [reqs, context];
+    req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens [bs]. A sliding window of -1 is none."""
     import torch
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
+    def window(size: int) -> int | None:
+        return None if size < 0 else size
+
     @torch.library.custom_op("sglang_evs_cpu::paged_decode_attention", mutates_args=("output",))
     def paged_decode_attention(
-        query: torch.Tensor,
-        output: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        req_to_token: torch.Tensor,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        scaling: float,
-        enable_gqa: bool,
-        sliding_window_size: int,
-    ) -> None:
-        _upstream_decode[0](
+        query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+        scaling: float, enable_gqa: bool, sliding_window_size: int,
+    ) -> None:  # fmt: skip
+        _upstream["decode"](
             object.__new__(TorchNativeAttnBackend), query, output, k_cache, v_cache, req_to_token,
             req_pool_indices, seq_lens, scaling=scaling, enable_gqa=enable_gqa, causal=False,
-            sliding_window_size=None if sliding_window_size < 0 else sliding_window_size,
+            sliding_window_size=window(sliding_window_size),
+        )  # fmt: skip
+
+    @torch.library.custom_op("sglang_evs_cpu::paged_extend_attention", mutates_args=("output",))
+    def paged_extend_attention(
+        query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+        extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor,
+        scaling: float, enable_gqa: bool, causal: bool, sliding_window_size: int,
+    ) -> None:  # fmt: skip
+        _upstream["extend"](
+            object.__new__(TorchNativeAttnBackend), query, output, k_cache, v_cache, req_to_token,
+            req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens, scaling=scaling,
+            enable_gqa=enable_gqa, causal=causal, sliding_window_size=window(sliding_window_size),
         )  # fmt: skip
 
 
-_upstream_decode = [None]  # upstream's `_run_sdpa_forward_decode`, kept when its module imports
-
-
 def graph_capable_attention(module: ModuleType) -> None:
-    """After `sglang.srt.layers.attention.torch_native_backend` imports."""
+    """After `sglang.srt.layers.attention.torch_native_backend` imports: its attention runs as one op
+    per call (self-attention; cross-attention stays upstream's), and it has the graph hooks."""
     import torch
 
     backend_class = module.TorchNativeAttnBackend
-    upstream = _upstream_decode[0] = backend_class._run_sdpa_forward_decode
-    define_paged_decode_attention()
+    decode = _upstream["decode"] = backend_class._run_sdpa_forward_decode
+    extend = _upstream["extend"] = backend_class._run_sdpa_forward_extend
+    define_paged_attention_ops()
+    ops = torch.ops.sglang_evs_cpu
 
     def run_sdpa_forward_decode(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                                 encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
                                 is_cross_attn=False, sliding_window_size=None):  # fmt: skip
         if encoder_lens is not None or is_cross_attn or causal or scaling is None:
-            return upstream(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-                            encoder_lens, scaling, enable_gqa, causal, is_cross_attn, sliding_window_size)  # fmt: skip
-        torch.ops.sglang_evs_cpu.paged_decode_attention(
+            return decode(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                          encoder_lens, scaling, enable_gqa, causal, is_cross_attn, sliding_window_size)  # fmt: skip
+        ops.paged_decode_attention(
             query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, float(scaling),
             bool(enable_gqa), -1 if sliding_window_size is None else int(sliding_window_size),
         )  # fmt: skip
         return output
 
+    def run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                                extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None, enable_gqa=False,
+                                causal=False, is_cross_attn=False, sliding_window_size=None):  # fmt: skip
+        if encoder_lens is not None or is_cross_attn or scaling is None:
+            return extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                          extend_prefix_lens, extend_seq_lens, encoder_lens, scaling, enable_gqa, causal,
+                          is_cross_attn, sliding_window_size)  # fmt: skip
+        if extend_prefix_lens is None:  # a draft-extend graph's batch: each request's prefix precedes its n tokens
+            extend_prefix_lens = seq_lens - extend_seq_lens
+        ops.paged_extend_attention(
+            query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
+            extend_seq_lens, float(scaling), bool(enable_gqa), bool(causal),
+            -1 if sliding_window_size is None else int(sliding_window_size),
+        )  # fmt: skip
+        return output
+
     backend_class._run_sdpa_forward_decode = run_sdpa_forward_decode
+    backend_class._run_sdpa_forward_extend = run_sdpa_forward_extend
     backend_class.init_cuda_graph_state = lambda self, max_bs, max_num_tokens: None
     backend_class.get_cuda_graph_seq_len_fill_value = lambda self: 1
+
+
+def draft_graphs_on_cpu(module: ModuleType) -> None:
+    """After `sglang.srt.speculative.eagle_worker_v2` imports: the draft worker captures the draft-decode
+    and draft-extend graphs a CUDA server with a graph-capable attention backend captures (upstream
+    captures none on CPU, and the draft-extend one only for the CUDA backends it lists)."""
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+    def capture_cuda_graphs(self) -> None:
+        self.cuda_graph_runner = None
+        self.cuda_graph_runner_for_draft_extend = None
+        if check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
+            return
+        if self.speculative_num_steps > 1:
+            self.cuda_graph_runner = module.EAGLEDraftCudaGraphRunner(self)
+        if self.draft_extend_attn_backend and not envs.SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH.get():
+            self.cuda_graph_runner_for_draft_extend = module.EAGLEDraftExtendCudaGraphRunner(self)
+
+    module.EagleDraftWorker._capture_cuda_graphs = capture_cuda_graphs
 
 
 # module name -> work to do on the module right after it was imported (graph mode only)
@@ -164,4 +214,5 @@ AFTER_IMPORT = {
     "sglang.srt.model_executor.model_runner_components.cuda_graph_setup": decode_graphs_on_cpu,
     "sglang.srt.model_executor.model_runner": decode_graphs_from_model_runner,
     "sglang.srt.layers.attention.torch_native_backend": graph_capable_attention,
+    "sglang.srt.speculative.eagle_worker_v2": draft_graphs_on_cpu,
 }

@@ -21,17 +21,42 @@ from torch.nn.functional import scaled_dot_product_attention
 TREES_UNSUPPORTED = "speculative decoding on the CPU route runs chain drafts only: use --speculative-eagle-topk 1"
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, layer) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scaling: float, enable_gqa: bool
+) -> torch.Tensor:
     """q [n, H, D]; keys, values [kv, KH, D]; mask [n, kv] bool (True: attend). Returns [n, H, Dv]."""
     out = scaled_dot_product_attention(
         q.movedim(0, 1).unsqueeze(0),
         keys.movedim(0, 1).unsqueeze(0).to(q.dtype),
         values.movedim(0, 1).unsqueeze(0).to(q.dtype),
         attn_mask=mask,
-        scale=layer.scaling,
-        enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
+        scale=scaling,
+        enable_gqa=enable_gqa,
     )
     return out.squeeze(0).movedim(0, 1)
+
+
+@functools.cache
+def define_verify_attention() -> None:
+    """`sglang_evs_cpu::verify_attention`: the verify attention of a batch as one op, so that SGLang's
+    verify graph (on the CPU stand-ins of graph mode, `runtime/graph_mode.py`) replays it on the live
+    `req_pool_indices` and `seq_lens`. queries, out [B * n, H, D]; key_cache, value_cache [slots, KH, D];
+    req_to_token [reqs, context]; req_pool_indices, seq_lens [B]; cache_loc [B * n]."""
+
+    @torch.library.custom_op("sglang_evs_cpu::verify_attention", mutates_args=("out",))
+    def verify_attention(
+        queries: torch.Tensor, out: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+        req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+        cache_loc: torch.Tensor, n: int, scaling: float, enable_gqa: bool,
+    ) -> None:  # fmt: skip
+        chain = torch.ones((n, n), dtype=torch.bool).tril()
+        rows = zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True)
+        for i, (req, prefix) in enumerate(rows):
+            block = slice(i * n, (i + 1) * n)
+            locations = torch.cat([req_to_token[req, :prefix].long(), cache_loc[block].long()])
+            mask = torch.cat([torch.ones((n, prefix), dtype=torch.bool), chain], dim=1)
+            out[block] = _attend(queries[block], key_cache[locations], value_cache[locations], mask, scaling,
+                                 enable_gqa)  # fmt: skip
 
 
 def target_verify(backend, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
@@ -41,22 +66,18 @@ def target_verify(backend, q, k, v, layer, forward_batch, save_kv_cache: bool = 
     spec = forward_batch.spec_info
     if getattr(spec, "topk", 1) != 1:
         raise NotImplementedError(TREES_UNSUPPORTED)
-    n = spec.draft_token_num
     cache_loc = forward_batch.out_cache_loc
     if save_kv_cache and k is not None and v is not None:
         backend.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(cache_loc, backend.swa_out_cache_loc), k, v)
     queries = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
     out = queries.new_empty((queries.shape[0], layer.tp_q_head_num, layer.v_head_dim))
-    key_cache = backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
-    value_cache = backend.token_to_kv_pool.get_value_buffer(layer.layer_id)
-    req_to_token = backend.req_to_token_pool.req_to_token
-    chain = torch.ones((n, n), dtype=torch.bool).tril()
-    rows = zip(forward_batch.req_pool_indices.tolist(), forward_batch.seq_lens.tolist(), strict=True)
-    for i, (req, prefix) in enumerate(rows):
-        block = slice(i * n, (i + 1) * n)
-        locations = torch.cat([req_to_token[req, :prefix].long(), cache_loc[block].long()])
-        mask = torch.cat([torch.ones((n, prefix), dtype=torch.bool), chain], dim=1)
-        out[block] = _attend(queries[block], key_cache[locations], value_cache[locations], mask, layer)
+    define_verify_attention()
+    torch.ops.sglang_evs_cpu.verify_attention(
+        queries, out, backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
+        backend.token_to_kv_pool.get_value_buffer(layer.layer_id), backend.req_to_token_pool.req_to_token,
+        forward_batch.req_pool_indices, forward_batch.seq_lens, cache_loc, spec.draft_token_num,
+        float(layer.scaling), layer.tp_q_head_num != layer.tp_k_head_num,
+    )  # fmt: skip
     return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
 
@@ -111,6 +132,16 @@ class DraftChainBackends:
     def init_forward_metadata(self, forward_batch) -> None:
         for backend in self.attn_backends:
             backend.init_forward_metadata(forward_batch)
+
+    # SGLang's draft-decode graph runner (graph mode, `runtime/graph_mode.py`) asks for these.
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        pass
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        self.init_forward_metadata(forward_batch)
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        pass
 
 
 def add_torch_native_draft_backends(module: ModuleType) -> None:
