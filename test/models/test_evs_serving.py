@@ -60,11 +60,14 @@ def evs_trace(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def evs_server(tiny_model_dir, evs_trace):
-    # 96-token chunks cut the 200-token (and longer) videos: the quick tier runs the partial-window path too
+    """In graph mode, as a GPU serves by default: SGLang's decode graphs, and the breakable prefill graphs
+    the plugin turns on for Qwen3-VL, replay every forward whose size they were captured for (96-token
+    chunks are a prefill bucket). 96-token chunks also cut the 200-token (and longer) videos: the quick
+    tier runs the partial-window path."""
     args = ["--dtype", "float32", "--enable-metrics", "--chunked-prefill-size", "96"]
     args += ["--json-model-override-args", f'{{"video_pruning_rate": {SERVER_RATE}}}']
     with running_server(
-        tiny_model_dir, evs_trace.parent / "server.log", args, {"SGLANG_EVS_TRACE": str(evs_trace)}
+        tiny_model_dir, evs_trace.parent / "server.log", args, {"SGLANG_EVS_TRACE": str(evs_trace)}, graph_mode=True
     ) as server:
         yield server
 
@@ -81,6 +84,20 @@ def test_prompt_tokens_drop_by_exactly_the_pruned_count(evs_server, clips, q):
     pruned = GROUPS * TOKENS_PER_GROUP - evs_count(q)
     assert served.prompt_tokens == unpruned.prompt_tokens - pruned
     assert served.meta["video_tokens"] == evs_count(q)
+
+
+def test_every_forward_of_a_pruned_video_replays_a_graph(evs_server, evs_trace):
+    """Each prefill chunk replays a prefill graph reading the model's position buffer, each decode step a
+    decode graph reading SGLang's static M-RoPE positions (graph mode, `sglang_evs.graph_trace`)."""
+    before = {event: len(trace.read(evs_trace, event)) for event in ("graph_replay", "extend_forward")}
+    reply = video_request(evs_server, unseen_clip(evs_trace, "moving", "graphs"), q=0.75)
+    replays = trace.read(evs_trace, "graph_replay")[before["graph_replay"] :]
+    extends = trace.read(evs_trace, "extend_forward")[before["extend_forward"] :]
+    prefill = [r for r in replays if r["phase"] == "prefill"]
+    decode = [r for r in replays if r["phase"] == "decode"]
+    assert len(prefill) == len(extends) >= 2 and all(r["media"] for r in prefill)  # chunked: two or more
+    assert {r["positions_from"] for r in prefill} == {"graph_inputs"}
+    assert len(decode) == len(reply.output_ids) - 1 and {r["positions_from"] for r in decode} == {"mrope_positions"}
 
 
 def test_what_evs_saved_is_reported_per_request_and_per_server(evs_server, clips):
@@ -323,14 +340,22 @@ def assert_same_generation(got, want, context) -> None:
     assert got_top == [[t for _, t in step] for step in want.top_logprobs], context
 
 
-def served_in_chunks(model_dir: Path, cases: list, chunk_sizes, server_args: list[str], log_dir: Path) -> dict:
+# Graph-mode chunk servers capture prefill graphs up to 64 tokens (SGLang's default stops below the chunk
+# size for 33 or 50), so that their full chunks replay too, padded to the 48- or 64-token bucket.
+GRAPH_CHUNK_ARGS = ("--cuda-graph-max-bs-prefill", "64")
+
+
+def served_in_chunks(
+    model_dir: Path, cases: list, chunk_sizes, server_args: list[str], log_dir: Path, graph_chunk: int | None = None
+) -> dict:
     """chunk size (None: SGLang's default) -> (first replies, repeated replies) of `cases`, one
-    server per size, started together; the repeats must hit the radix cache."""
-    launches = [
-        Launch(model_dir, log_dir / f"chunk-{chunk}.log",
-               [*server_args, *(["--chunked-prefill-size", str(chunk)] if chunk else [])])
-        for chunk in chunk_sizes
-    ]  # fmt: skip
+    server per size, started together; the repeats must hit the radix cache. The server of
+    `graph_chunk` runs in graph mode (`sglang_evs.testing.server`), as a GPU serves by default."""
+    launches = []
+    for chunk in chunk_sizes:
+        graphs = chunk is not None and chunk == graph_chunk
+        args = [*server_args, *(["--chunked-prefill-size", str(chunk)] if chunk else []), *(GRAPH_CHUNK_ARGS * graphs)]
+        launches.append(Launch(model_dir, log_dir / f"chunk-{chunk}.log", args, graph_mode=graphs))
     results = {}
     with running_servers(*launches) as servers:
         for chunk, server in zip(chunk_sizes, servers, strict=True):
@@ -350,14 +375,15 @@ def assert_chunks_equal(results: dict, reference: list, context: str) -> None:
 @pytest.mark.slow
 def test_chunked_prefill_and_radix_hits_equal_single_chunk(tiny_model_dir, clips, tmp_path):
     """7-token chunks cut inside groups, on framing tokens and at both edges of every video; 33-token ones
-    cut groups unevenly with fewer windows. (16 and 50 were dropped: they cut nothing these two miss.)"""
+    cut groups unevenly with fewer windows, on a server in graph mode (its chunks and radix hits replay
+    prefill graphs). (16 and 50 were dropped: they cut nothing these two miss.)"""
     image = media.write_image(tmp_path / "image.png", seed=2)
     cases = [
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
         (chat_prompt(IMAGE, VIDEO, VIDEO), media_kwargs(images=[image], videos=[clips["noise"], clips["moving"]])),
     ]
     args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
-    results = served_in_chunks(tiny_model_dir, cases, (None, 7, 33), args, tmp_path)
+    results = served_in_chunks(tiny_model_dir, cases, (None, 7, 33), args, tmp_path, graph_chunk=33)
     assert_chunks_equal(results, results[None][0], "EVS")
 
 

@@ -72,13 +72,14 @@ def served(tiny_model_dir, media_dir, tmp_path_factory):
     mmmu_fixture.write_fixture(mmmu_data)
     names = list(scenarios(media_dir))
     out: dict = {"trace": {}}
-    plans = [(config, extra, plugin) for config, extra in (("single_chunk", []), ("chunked", CHUNKED))
-             for plugin in ("on", "off")]  # fmt: skip
+    configs = (("single_chunk", []), ("chunked", CHUNKED), ("graphs", CHUNKED))
+    plans = [(config, extra, plugin) for config, extra in configs for plugin in ("on", "off")]
     # Every server is traced: a plugin loaded anywhere in an upstream server would write events.
     traces = [work / f"trace-{config}-{plugin}.jsonl" for config, _, plugin in plans]
     launches = [
         Launch(tiny_model_dir, work / f"server-{config}-{plugin}.log", ["--dtype", "float32", *extra],
-               {"SGLANG_EVS_TRACE": str(trace_path), **({} if plugin == "on" else {"SGLANG_PLUGINS": "none"})})
+               {"SGLANG_EVS_TRACE": str(trace_path), **({} if plugin == "on" else {"SGLANG_PLUGINS": "none"})},
+               graph_mode=config == "graphs")
         for (config, extra, plugin), trace_path in zip(plans, traces, strict=True)
     ]  # fmt: skip
     with running_servers(*launches) as servers:
@@ -105,7 +106,7 @@ def test_bit_identical_to_upstream(served, config, case):
     assert ours == upstream
 
 
-@pytest.mark.parametrize("config", ["single_chunk", "chunked"])
+@pytest.mark.parametrize("config", ["single_chunk", "chunked", "graphs"])
 def test_mixed_batch_matches_upstream(served, config):
     """A batch is not bit-reproducible on CPU even in upstream alone: which requests share a
     prefill depends on when each one's media finishes preprocessing, and the CPU GEMM result
@@ -117,6 +118,35 @@ def test_mixed_batch_matches_upstream(served, config):
         assert mine.output_ids == theirs.output_ids
         assert mine.prompt_tokens == theirs.prompt_tokens
         assert logprob_gap(mine, theirs) < 1e-4
+
+
+# Graph mode (`sglang_evs.testing.server`), as a GPU serves by default: both servers replay SGLang's decode
+# graphs; the plugin's also prefill graphs, which upstream keeps off for Qwen3-VL. A replayed prefill is
+# padded to its bucket, and a CPU GEMM rounds a row differently with the row count: measured up to 1.4e-6
+# in logprobs apart from upstream's eager prefill. A position or deepstack row off moves them by units.
+GRAPH_TOLERANCE = 1e-4
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_graph_mode_matches_upstream_in_graph_mode(served, case):
+    ours, upstream = served["graphs", "on"][case], served["graphs", "off"][case]
+    assert ours.output_ids == upstream.output_ids and ours.prompt_tokens == upstream.prompt_tokens
+    assert logprob_gap(ours, upstream) < GRAPH_TOLERANCE
+    assert [[t for _, t in step] for step in ours.top_logprobs] == [
+        [t for _, t in step] for step in upstream.top_logprobs
+    ]
+
+
+def test_graph_mode_replays_media_prefills_and_every_decode(served):
+    """The plugin's server replayed a prefill graph for media-carrying chunks (reading its position buffer)
+    and decode graphs (reading SGLang's static M-RoPE positions)."""
+    replays = trace.read(served["trace"]["graphs"], "graph_replay")
+    media_prefills = [r for r in replays if r["phase"] == "prefill" and r["media"]]
+    assert media_prefills and {r["positions_from"] for r in media_prefills} == {"graph_inputs"}
+    assert any(r["requests"] > 1 for r in media_prefills)  # the mixed batch shared a replay
+    decode = [r for r in replays if r["phase"] == "decode"]
+    assert decode and {r["positions_from"] for r in decode} == {"mrope_positions"}
+    assert "Capture target prefill CUDA graph" not in served["log", "graphs", "off"]  # upstream keeps it off
 
 
 def test_mmmu_at_q0_scores_as_upstream_answer_by_answer(served):
@@ -132,7 +162,7 @@ def test_plugin_model_served_and_upstream_did_not(served):
         "Qwen3VLForConditionalGeneration: 2 deepstack levels and M-RoPE positions in fixed buffers"
         in served["log", "single_chunk", "on"]
     )
-    for config in ("single_chunk", "chunked"):
+    for config in ("single_chunk", "chunked", "graphs"):
         assert "plugin loaded" not in served["log", config, "off"]
         assert served["upstream trace written", config] is False  # no process of it ran the plugin
 

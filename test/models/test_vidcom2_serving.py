@@ -123,7 +123,8 @@ def test_greedy_tokens_equal_hf_oracle_with_the_vidcom2_mask(server, tiny_model_
 
 @pytest.mark.slow
 def test_chunked_prefill_and_radix_hits_equal_single_chunk(server, tiny_model_dir, clips, media_dir, tmp_path):
-    """Against the module's server (one chunk); chunks cut inside groups and on framing tokens."""
+    """Against the module's server (one chunk); chunks cut inside groups and on framing tokens, the 50-token
+    ones on a server in graph mode."""
     cases = [
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
         (chat_prompt(IMAGE, VIDEO, VIDEO),
@@ -131,7 +132,7 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(server, tiny_model_di
     ]  # fmt: skip
     flush_cache(server.base_url)
     reference = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
-    results = served_in_chunks(tiny_model_dir, cases, (7, 50), SERVER_ARGS, tmp_path)
+    results = served_in_chunks(tiny_model_dir, cases, (7, 50), SERVER_ARGS, tmp_path, graph_chunk=50)
     assert_chunks_equal(results, reference, "VidCom2")
 
 

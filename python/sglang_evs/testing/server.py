@@ -254,8 +254,10 @@ def running_server(
     timeout: float = 240,
     cpu: bool = True,
     cores: Sequence[int] | None = None,
+    graph_mode: bool = False,
 ) -> Iterator[RunningServer]:
     """Launch one server (arguments as `start_server`), wait for /health_generate, yield, and always stop
     the whole process group."""
-    with running_servers(Launch(model_path, log_path, extra_args, env, cpu, cores), timeout=timeout) as (server,):
+    launch = Launch(model_path, log_path, extra_args, env, cpu, cores, graph_mode=graph_mode)
+    with running_servers(launch, timeout=timeout) as (server,):
         yield server
