@@ -87,6 +87,7 @@ def register_hooks() -> None:
     before = sglang.HookType.BEFORE
     register(sglang.hook_target("encoder_failed_request"), disaggregated.reportable_failed_request, before)
     register(sglang.hook_target("encoder_data_parallel"), refuse_encoder_data_parallel, before)
+    register(sglang.hook_target("init_prefill_graph"), keep_mrope_draft_prefill_eager, around)
     if trace.enabled():
         from sglang_evs.graph_trace import trace_graph_replay
 
@@ -175,6 +176,28 @@ def checkpoint_architecture(server_args) -> str | None:
     from sglang_evs.pruning.settings import checkpoint_config
 
     return (checkpoint_config(server_args.model_path).get("architectures") or [None])[0]
+
+
+def keep_mrope_draft_prefill_eager(original, model_runner, *args, **kwargs):
+    """AROUND hook on `ModelRunner.init_prefill_cuda_graph`: a draft model that reads M-RoPE positions
+    from a checkpoint SGLang does not take for multimodal (an EAGLE3 draft of a Qwen-VL target) gets
+    a prefill graph whose capture batch has no M-RoPE positions, and its capture fails (the server
+    stops at startup). Upstream never captures one for this project's models, whose prefill graphs it
+    keeps off; the plugin turns them on, so for them the draft's prefill stays eager (the target's
+    prefill, and every decode, verify and draft step, still replay graphs)."""
+    from sglang_evs.models.registry import MODELS
+
+    model = model_runner.model
+    reads_mrope = any(getattr(m, "is_mrope_enabled", False) for m in (model, getattr(model, "model", None)))
+    if (
+        model_runner.is_draft_worker
+        and reads_mrope
+        and not model_runner.model_config.is_multimodal
+        and checkpoint_architecture(model_runner.server_args) in MODELS
+    ):
+        model_runner.prefill_cuda_graph_runner = None
+        return None
+    return original(model_runner, *args, **kwargs)
 
 
 def carry_chat_pruning_setting(result, *args, **kwargs):
