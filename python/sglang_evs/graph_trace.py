@@ -63,7 +63,8 @@ def trace_graph_replay(original, runner, forward_batch, *args, **kwargs):
     loaded: dict[str, torch.Tensor] = {}  # the buffers as the runner loaded them for this replay
     cpu_graph.before_next_replay(lambda: loaded.update({n: b[..., :tokens].clone() for n, b in buffers.items()}))
     cpu_graph.take_replayed()  # what replayed before this call is not this replay's
-    result = original(runner, forward_batch, *args, **kwargs)
+    with trace.graph_replay():
+        result = original(runner, forward_batch, *args, **kwargs)
     segments = [s for s in cpu_graph.take_replayed() if isinstance(s, cpu_graph.CpuGraphSegment)]
     source = read_by(segments, buffers)
     model = "draft" if runner.model_runner.is_draft_worker else "target"

@@ -7,6 +7,8 @@ Used by the tests to observe what happens inside SGLang's scheduler process
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 ENV = "SGLANG_EVS_TRACE"
 POSITIONS_ENV = "SGLANG_EVS_TRACE_POSITIONS"  # =1: also every forward's rotary positions (large)
@@ -18,6 +20,24 @@ def enabled() -> bool:
 
 def positions_enabled() -> bool:
     return enabled() and os.environ.get(POSITIONS_ENV) == "1"
+
+
+_in_graph_replay = [False]
+
+
+@contextmanager
+def graph_replay() -> Iterator[None]:
+    """While a graph runner replays (`graph_trace.py`): the model's Python that still runs around the
+    replayed kernels (an outer forward) is not what they read, so it records no positions."""
+    _in_graph_replay[0] = True
+    try:
+        yield
+    finally:
+        _in_graph_replay[0] = False
+
+
+def in_graph_replay() -> bool:
+    return _in_graph_replay[0]
 
 
 def record(event: str, **fields) -> None:

@@ -8,7 +8,11 @@ On the CPU route, float32, with 29-token chunks (they cut inside every video and
 - the rotary positions every target and draft forward of a pruned request was handed (the trace),
   against the rule computed here from transformers' `get_rope_index` and the served keep-mask;
 - Qwen3.5-MoE, speculating against not, on a pruned video;
-- Qwen3-VL with an EAGLE3 draft model that reads M-RoPE: the same, against upstream and no speculation.
+- Qwen3-VL with an EAGLE3 draft model that reads M-RoPE: the same, against upstream and no speculation;
+- in graph mode (`sglang_evs.testing.server`), as a GPU serves by default, where SGLang's verify,
+  draft-decode, draft-extend and prefill graphs replay: the tokens of the same server in eager mode
+  (logprobs within SPECULATION_TOLERANCE) with at least its acceptance, bit-identical to upstream in
+  graph mode at q = 0, and the positions every replay read (the trace), against the rule.
 The checkpoints' MTP heads are made for drafts that are accepted (`testing/tiny_model.py`), so the
 draft really drafts: a head that failed to load would accept none.
 """
@@ -40,7 +44,7 @@ from sglang_evs.testing.requests import (
 from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 from sglang_evs.testing.workload import send_alone, send_together
 
-pytestmark = pytest.mark.slow  # five servers
+pytestmark = pytest.mark.slow  # twelve servers
 
 NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "3")  # fmt: skip
@@ -103,6 +107,9 @@ class Served:
     traced: TracedRequest | None = None
     moe: dict[str, Generation] = field(default_factory=dict)  # "speculating" / "plain"
     benchmark: dict = field(default_factory=dict)  # benchmark/bench_speculative.py's summary
+    graphs: dict[tuple[str, str], Generation] = field(default_factory=dict)  # speculating in graph mode
+    graphs_upstream: dict[str, Generation] = field(default_factory=dict)  # q = 0, upstream in graph mode
+    graphs_traced: TracedRequest | None = None
 
 
 def mixed(all_cases: dict[str, tuple[str, dict]]) -> list[tuple[str, dict, float]]:
@@ -147,11 +154,18 @@ def qwen3_5_launches(dense: Path, moe: Path, out: Path) -> tuple[Launch, ...]:
         Launch(dense, out / "upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
         Launch(moe, out / "moe-speculating.log", [*args, *NEXTN_THREE_STEPS], HYBRID_ENV),
         Launch(moe, out / "moe-plain.log", args, HYBRID_ENV),
+        Launch(dense, out / "graphs.log", [*args, *NEXTN], {**HYBRID_ENV, **traced(out / "graphs-trace.jsonl")},
+               graph_mode=True),
+        Launch(dense, out / "graphs-upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"},
+               graph_mode=True),
     )  # fmt: skip
 
 
+GRAPH_CASES = (("text", "q=0"), *((name, setting) for name in VIDEO_CASES for setting in ("q=0", "evs q=0.5")))
+
+
 def serve_qwen3_5(servers, all_cases: dict, clips: dict[str, Path], out: Path) -> Served:
-    speculating, plain, upstream, moe_speculating, moe_plain = servers
+    speculating, plain, upstream, moe_speculating, moe_plain, graphs, graphs_upstream = servers
     trace_path = out / "trace.jsonl"
     served = Served()
     for name, case in all_cases.items():
@@ -176,6 +190,12 @@ def serve_qwen3_5(servers, all_cases: dict, clips: dict[str, Path], out: Path) -
     moe_case = (chat_prompt(VIDEO), media_kwargs(videos=[clips["noise"]]))
     served.moe["speculating"] = ask(moe_speculating.base_url, moe_case, per_request_rate(0.75))
     served.moe["plain"] = ask(moe_plain.base_url, moe_case, per_request_rate(0.75))
+
+    for name, setting in GRAPH_CASES:
+        served.graphs[name, setting] = ask(graphs.base_url, all_cases[name], SETTINGS[setting])
+    for name in ("text", "video", "image_video"):
+        served.graphs_upstream[name] = ask(graphs_upstream.base_url, all_cases[name], {})
+    served.graphs_traced = trace_pruned_request(graphs.base_url, out / "graphs-trace.jsonl", out, seed=41)
     return served
 
 
@@ -250,6 +270,44 @@ def test_moe_speculation_gives_the_tokens_of_no_speculation(served):
     """Three draft steps (`--speculative-num-steps 3`) on a video pruned at .75."""
     assert_same(served.moe["speculating"], served.moe["plain"], "Qwen3.5-MoE, video at .75")
     assert served.moe["speculating"].meta["spec_accept_length"] > 1.0
+
+
+# --- graph mode: SGLang's verify, draft and prefill graphs replay, as on a GPU by default ------------
+
+
+def graph_mode_requests(served) -> list[tuple[Generation, Generation]]:
+    """(graph mode, eager mode) replies of the same requests, the traced one (q = .5) included."""
+    pairs = [(served.graphs[key], served.speculating[key]) for key in served.graphs]
+    return [*pairs, (served.graphs_traced.reply, served.traced.reply)]
+
+
+def test_graph_mode_speculates_the_tokens_of_eager_mode_accepting_as_many_drafts(served):
+    pairs = graph_mode_requests(served)
+    for graph, eager in pairs:
+        assert_same(graph, eager, "graph mode vs eager")
+    verifies = [sum(reply.meta["spec_verify_ct"] for reply in replies) for replies in zip(*pairs, strict=True)]
+    assert verifies[0] <= verifies[1]  # as many tokens in no more verifies: drafts accepted at least as often
+
+
+def test_graph_mode_at_q0_is_bit_identical_to_upstream_in_graph_mode(served):
+    for name, want in served.graphs_upstream.items():
+        got = served.graphs[name, "q=0"]
+        assert (got.output_ids, got.logprobs, got.top_logprobs) == (want.output_ids, want.logprobs, want.top_logprobs)
+        assert got.meta["spec_verify_ct"] == want.meta["spec_verify_ct"], name
+
+
+def assert_replayed_at_the_rules_positions(traced_request: TracedRequest, model_dir: Path, draft_prefill: bool) -> None:
+    """Every forward at the rule's positions, the replayed ones traced from the buffer the replay read: target
+    verify, draft decode and draft extend always replay, the target's prefill chunks where they fit a
+    bucket, the draft's where its prefill has graphs (`draft_prefill`)."""
+    assert_forwards_at_the_rules_positions(traced_request, model_dir)
+    replayed = {(event["model"], event["mode"]) for event in traced_request.events if event.get("replayed")}
+    want = {("target", "EXTEND"), ("target", "TARGET_VERIFY"), ("draft", "DECODE"), ("draft", "DRAFT_EXTEND_V2")}
+    assert replayed == want | ({("draft", "EXTEND")} if draft_prefill else set())
+
+
+def test_graph_mode_forwards_replay_at_the_rules_positions(served, tiny_qwen3_5_mtp_dir):
+    assert_replayed_at_the_rules_positions(served.graphs_traced, tiny_qwen3_5_mtp_dir, draft_prefill=True)
 
 
 # --- the positions every forward was handed, against the rule -------------------------------------
@@ -337,6 +395,8 @@ class ServedEagle3:
     blind_refusal: requests.Response | None = None
     blind_before: Generation | None = None
     blind_after: Generation | None = None
+    graphs: dict[tuple[str, str], Generation] = field(default_factory=dict)  # speculating in graph mode
+    graphs_traced: TracedRequest | None = None
 
 
 @pytest.fixture(scope="module")
@@ -370,11 +430,13 @@ def eagle3_launches(model: Path, draft: Path, blind_draft: Path, out: Path) -> t
         Launch(model, out / "plain.log", args),
         Launch(model, out / "upstream.log", [*args, *eagle3_flags(draft)], {"SGLANG_PLUGINS": "none"}),
         Launch(model, out / "blind.log", [*args, *eagle3_flags(blind_draft)]),
-    )
+        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft)], traced(out / "graphs-trace.jsonl"),
+               graph_mode=True),
+    )  # fmt: skip
 
 
 def serve_eagle3(servers, all_cases: dict, out: Path) -> ServedEagle3:
-    speculating, plain, upstream, blind = servers
+    speculating, plain, upstream, blind, graphs = servers
     trace_path = out / "trace.jsonl"
     served = ServedEagle3()
     for name in ("text", "image", "video"):
@@ -390,20 +452,23 @@ def serve_eagle3(servers, all_cases: dict, out: Path) -> ServedEagle3:
     body = {"text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}, **kw, **SETTINGS["evs q=0.5"]}
     served.blind_refusal = requests.post(f"{blind.base_url}/generate", json=body, timeout=120)
     served.blind_after = ask(blind.base_url, all_cases["video"], {})
+    for key in (("video", "q=0"), ("video", "evs q=0.5"), ("image_video", "vidcom2 q=0.75")):
+        served.graphs[key] = ask(graphs.base_url, all_cases[key[0]], SETTINGS[key[1]])
+    served.graphs_traced = trace_pruned_request(graphs.base_url, out / "graphs-trace.jsonl", out, seed=43)
     return served
 
 
 @pytest.fixture(scope="module")
 def served_both(media_dir, clips, tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, tiny_qwen3_vl_six_layers_dir,
                 eagle3_draft_dir, blind_eagle3_draft_dir, tmp_path_factory) -> tuple[Served, ServedEagle3]:  # fmt: skip
-    """The nine servers of this module, started together (starting is mostly one core importing)."""
+    """The twelve servers of this module, started together (starting is mostly one core importing)."""
     qwen3_5_out, eagle3_out = tmp_path_factory.mktemp("speculation"), tmp_path_factory.mktemp("eagle3_speculation")
     eagle3 = eagle3_launches(tiny_qwen3_vl_six_layers_dir, eagle3_draft_dir, blind_eagle3_draft_dir, eagle3_out)
     launches = (*qwen3_5_launches(tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, qwen3_5_out), *eagle3)
     all_cases = cases(media_dir, clips)
     with running_servers(*launches) as servers:
-        return serve_qwen3_5(servers[:5], all_cases, clips, qwen3_5_out), serve_eagle3(
-            servers[5:], all_cases, eagle3_out
+        return serve_qwen3_5(servers[:7], all_cases, clips, qwen3_5_out), serve_eagle3(
+            servers[7:], all_cases, eagle3_out
         )
 
 
@@ -439,6 +504,20 @@ def test_eagle3_pruned_videos_get_the_tokens_of_no_speculation(served_eagle3):
 
 def test_eagle3_draft_and_target_forwards_use_the_rules_positions(served_eagle3, tiny_qwen3_vl_six_layers_dir):
     assert_forwards_at_the_rules_positions(served_eagle3.traced, tiny_qwen3_vl_six_layers_dir)
+
+
+def test_eagle3_in_graph_mode_speculates_as_in_eager_mode_at_the_rules_positions(
+    served_eagle3, tiny_qwen3_vl_six_layers_dir
+):
+    """The draft's prefill stays eager (`plugin.keep_mrope_draft_prefill_eager`: SGLang's prefill graph would
+    give this draft no M-RoPE positions); every other forward replays."""
+    pairs = [(served_eagle3.graphs[key], served_eagle3.speculating[key]) for key in served_eagle3.graphs]
+    for graph, eager in [*pairs, (served_eagle3.graphs_traced.reply, served_eagle3.traced.reply)]:
+        assert_same(graph, eager, "EAGLE3 graph mode vs eager")
+        assert graph.meta["spec_verify_ct"] <= eager.meta["spec_verify_ct"]
+    assert_replayed_at_the_rules_positions(
+        served_eagle3.graphs_traced, tiny_qwen3_vl_six_layers_dir, draft_prefill=False
+    )
 
 
 BLIND_DRAFT = "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm EAGLE3)"

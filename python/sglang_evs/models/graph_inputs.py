@@ -144,6 +144,8 @@ def trace_rope_positions(model: str, positions, forward_batch) -> None:
     """The rotary positions a language model (`model`: "target" or "draft") was handed, token by token
     (not while a graph captures: on CUDA reading them back would synchronise the capturing stream;
     a replay's positions are traced from what it read, `graph_trace.py`)."""
+    if trace.in_graph_replay():  # what the replayed kernels read is traced from their buffers
+        return
     if getattr(torch.get_device_module(positions.device), "is_current_stream_capturing", lambda: False)():
         return
     trace.record(
