@@ -53,6 +53,8 @@ SIDE = 112  # pixels: GLM's processor makes 8 x 8 patches of 14, merged into 4 x
 GROUPS, TOKENS_PER_GROUP = 6, 16
 CHUNK = 29  # tokens per prefill chunk on the chunked server: cuts inside groups and on their timestamps
 CHUNKED_DEFAULT = {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.5}
+# Prefill graphs up to 64 tokens: SGLang's default buckets stop below a 29-token chunk, which would then not replay.
+GRAPH_PREFILL_BUCKETS = ("--cuda-graph-max-bs-prefill", "64")
 
 
 def evs_count(q: float) -> int:
@@ -80,7 +82,9 @@ def images(tmp_path_factory) -> list[Path]:
 def servers(request, tmp_path_factory) -> dict:
     """Started together: {(architecture, "on"): the plugin's server (default rate 0, metrics on, traced),
     (architecture, "off"): upstream's, "chunked": the plugin's GLM-4.1V in 29-token chunks with VidCom2 at
-    q = .5 as its default}; {"trace", architecture}: the plugin servers' trace files."""
+    q = .5 as its default, "graphs": the plugin's GLM-4.5V}; {"trace", name}: the plugin servers' trace files.
+    The chunked and graphs servers run in graph mode (`sglang_evs.testing.server`), as a GPU serves by
+    default: SGLang's decode graphs and the prefill graphs the plugin turns on for GLM replay."""
     work = tmp_path_factory.mktemp("glm4v")
     dirs = {architecture: request.getfixturevalue(fixture) for architecture, fixture in FIXTURES.items()}
     plans, launches = [], []
@@ -90,13 +94,18 @@ def servers(request, tmp_path_factory) -> dict:
         args = ["--dtype", "float32", *(["--enable-metrics"] if plugin == "on" else [])]
         plans.append((architecture, plugin))
         launches.append(Launch(dirs[architecture], work / f"{architecture}-{plugin}.log", args, env))
-    chunked = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
+    chunked = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), *GRAPH_PREFILL_BUCKETS]
     chunked += ["--json-model-override-args", str(CHUNKED_DEFAULT).replace("'", '"')]
     plans.append("chunked")
-    launches.append(Launch(dirs[DENSE], work / "chunked.log", chunked))
+    traced = {"SGLANG_EVS_TRACE": str(work / "trace-chunked.jsonl")}
+    launches.append(Launch(dirs[DENSE], work / "chunked.log", chunked, traced, graph_mode=True))
+    plans.append("graphs")
+    traced = {"SGLANG_EVS_TRACE": str(work / "trace-graphs.jsonl")}
+    launches.append(Launch(dirs[MOE], work / "graphs.log", ["--dtype", "float32"], traced, graph_mode=True))
     with running_servers(*launches) as started:
         out: dict = dict(zip(plans, started, strict=True))
         out.update({("trace", architecture): work / f"trace-{architecture}.jsonl" for architecture in FIXTURES})
+        out.update({("trace", name): work / f"trace-{name}.jsonl" for name in ("chunked", "graphs")})
         out["dirs"] = dirs
         yield out
 
@@ -357,6 +366,31 @@ def test_29_token_chunks_and_radix_repeats_equal_one_chunk(servers, clips, image
             assert_same_generation(got, want, f"{CHUNK}-token chunks vs one, {setting}")
         method = "vidcom2" if default else "evs"
         assert (first.meta["video_pruning_method"], want.meta["video_pruning_method"]) == (method, method)
+    assert_media_prefills_and_decodes_replayed(servers["trace", "chunked"])
+
+
+def assert_media_prefills_and_decodes_replayed(trace_path: Path) -> None:
+    replays = trace.read(trace_path, "graph_replay")
+    prefills = [r for r in replays if r["phase"] == "prefill" and r["media"]]
+    assert prefills and {r["positions_from"] for r in prefills} == {"graph_inputs"}
+    decodes = [r for r in replays if r["phase"] == "decode"]
+    assert decodes and {r["positions_from"] for r in decodes} == {"mrope_positions"}
+
+
+def test_glm45v_in_graph_mode_prunes_as_in_eager_mode(servers, clips, images):
+    """GLM-4.5V (MoE) in graph mode against the same model eager: pruned videos, beside an image too."""
+    cases = [
+        (glm4v_chat_prompt(GLM4V_VIDEO), media_kwargs(videos=[clips["moving"]]), per_request_rate(0.75)),
+        (glm4v_chat_prompt(GLM4V_IMAGE, GLM4V_VIDEO), media_kwargs(images=[images[0]], videos=[clips["noise"]]),
+         per_request_rate(0.5, "vidcom2")),
+        (glm4v_chat_prompt(GLM4V_VIDEO), media_kwargs(videos=[clips["static"]]), per_request_rate(0.0)),
+    ]  # fmt: skip
+    for prompt, kwargs, setting in cases:
+        want = generate(servers[MOE, "on"].base_url, prompt, **kwargs, **setting)[0]
+        got = generate(servers["graphs"].base_url, prompt, **kwargs, **setting)[0]
+        assert got.prompt_tokens == want.prompt_tokens
+        assert_same_generation(got, want, f"GLM-4.5V graph mode vs eager, {setting}")
+    assert_media_prefills_and_decodes_replayed(servers["trace", "graphs"])
 
 
 def test_concurrent_mixed_requests_equal_each_alone(servers, architecture, clips, images):

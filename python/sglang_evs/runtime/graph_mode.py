@@ -187,6 +187,37 @@ def graph_capable_attention(module: ModuleType) -> None:
     backend_class.get_cuda_graph_seq_len_fill_value = lambda self: 1
 
 
+_moe_calls: dict[tuple[int, int], int] = {}  # (id(layer), id(config)) -> handle
+_moe_layers: list[tuple] = []  # handle -> (layer, config)
+
+
+def graph_capable_moe(module: ModuleType) -> None:
+    """After `sglang.srt.layers.moe.fused_moe_native` imports: its `moe_forward_native` (the CPU route's MoE
+    without AMX) sorts tokens by expert and loops over the experts' counts read back to Python, so a
+    captured graph would replay the routing of its capture batch. It becomes one op over the batch's
+    tensors (`sglang_evs_cpu::moe_forward`), as a GPU's fused MoE kernel is one kernel over them: a
+    replay routes the live tokens. The layer and its runner config are named by a handle."""
+    import torch
+
+    upstream = module.moe_forward_native
+
+    @torch.library.custom_op("sglang_evs_cpu::moe_forward", mutates_args=())
+    def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, handle: int) -> torch.Tensor:
+        """x [tokens, hidden]; topk_weights, topk_ids [tokens, k]. Returns [tokens, hidden]."""
+        layer, config = _moe_layers[handle]
+        return upstream(layer, x, (topk_weights, topk_ids, None), config)
+
+    def moe_forward_native(layer, x, topk_output, moe_runner_config):
+        key = (id(layer), id(moe_runner_config))
+        if key not in _moe_calls:
+            _moe_calls[key] = len(_moe_layers)
+            _moe_layers.append((layer, moe_runner_config))
+        topk_weights, topk_ids, _ = topk_output
+        return torch.ops.sglang_evs_cpu.moe_forward(x, topk_weights, topk_ids, _moe_calls[key])
+
+    module.moe_forward_native = moe_forward_native
+
+
 def draft_graphs_on_cpu(module: ModuleType) -> None:
     """After `sglang.srt.speculative.eagle_worker_v2` imports: the draft worker captures the draft-decode
     and draft-extend graphs a CUDA server with a graph-capable attention backend captures (upstream
@@ -215,4 +246,5 @@ AFTER_IMPORT = {
     "sglang.srt.model_executor.model_runner": decode_graphs_from_model_runner,
     "sglang.srt.layers.attention.torch_native_backend": graph_capable_attention,
     "sglang.srt.speculative.eagle_worker_v2": draft_graphs_on_cpu,
+    "sglang.srt.layers.moe.fused_moe_native": graph_capable_moe,
 }
