@@ -20,7 +20,11 @@ capture as a CUDA server does:
   a padding fill of 1 for `seq_lens`), and its decode attention becomes one op over the batch's static
   tensors (`sglang_evs_cpu::paged_decode_attention`), as flashinfer's graph path is one kernel over
   padded buffers: a replay runs it on the live `req_pool_indices` and `seq_lens` in the captured
-  buffers, so padded rows and every request's context length are read at replay, not frozen at capture.
+  buffers, so padded rows and every request's context length are read at replay, not frozen at capture;
+  so are speculative verify (`runtime/speculative_attention.py`) and the CPU route's MoE
+  (`sglang_evs_cpu::moe_forward`: upstream's loops over the experts' token counts read back to Python);
+- the EAGLE / NEXTN draft worker captures the draft-decode and draft-extend graphs a CUDA server with a
+  graph-capable attention backend captures.
 """
 
 import functools
