@@ -351,11 +351,12 @@ def served_in_chunks(
     """chunk size (None: SGLang's default) -> (first replies, repeated replies) of `cases`, one
     server per size, started together; the repeats must hit the radix cache. The server of
     `graph_chunk` runs in graph mode (`sglang_evs.testing.server`), as a GPU serves by default."""
-    launches = []
+    launches, graph_trace = [], log_dir / "graph-trace.jsonl"
     for chunk in chunk_sizes:
         graphs = chunk is not None and chunk == graph_chunk
         args = [*server_args, *(["--chunked-prefill-size", str(chunk)] if chunk else []), *(GRAPH_CHUNK_ARGS * graphs)]
-        launches.append(Launch(model_dir, log_dir / f"chunk-{chunk}.log", args, graph_mode=graphs))
+        env = {trace.ENV: str(graph_trace)} if graphs else None
+        launches.append(Launch(model_dir, log_dir / f"chunk-{chunk}.log", args, env, graph_mode=graphs))
     results = {}
     with running_servers(*launches) as servers:
         for chunk, server in zip(chunk_sizes, servers, strict=True):
@@ -363,7 +364,19 @@ def served_in_chunks(
             again = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
             assert all(a.cached_tokens > 0 for a in again), f"chunk size {chunk}: no radix hit"
             results[chunk] = first, again
+    if graph_chunk is not None:
+        assert_media_prefills_and_decodes_replayed(graph_trace)
     return results
+
+
+def assert_media_prefills_and_decodes_replayed(trace_path: Path) -> None:
+    """A graph-mode server replayed prefill graphs for media-carrying forwards, reading the model's position
+    buffer, and decode graphs, reading SGLang's static M-RoPE positions (`sglang_evs.graph_trace`)."""
+    replays = trace.read(trace_path, "graph_replay")
+    prefills = [r for r in replays if r["phase"] == "prefill" and r["media"]]
+    assert prefills and {r["positions_from"] for r in prefills} == {"graph_inputs"}
+    decodes = [r for r in replays if r["phase"] == "decode"]
+    assert decodes and {r["positions_from"] for r in decodes} == {"mrope_positions"}
 
 
 def assert_chunks_equal(results: dict, reference: list, context: str) -> None:

@@ -38,6 +38,7 @@ from test_evs_serving import (  # noqa: E402
     HFReference,
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
+    assert_media_prefills_and_decodes_replayed,
     assert_same_generation,
     hf_greedy_on_kept,
     served_mask,
@@ -367,14 +368,6 @@ def test_29_token_chunks_and_radix_repeats_equal_one_chunk(servers, clips, image
         method = "vidcom2" if default else "evs"
         assert (first.meta["video_pruning_method"], want.meta["video_pruning_method"]) == (method, method)
     assert_media_prefills_and_decodes_replayed(servers["trace", "chunked"])
-
-
-def assert_media_prefills_and_decodes_replayed(trace_path: Path) -> None:
-    replays = trace.read(trace_path, "graph_replay")
-    prefills = [r for r in replays if r["phase"] == "prefill" and r["media"]]
-    assert prefills and {r["positions_from"] for r in prefills} == {"graph_inputs"}
-    decodes = [r for r in replays if r["phase"] == "decode"]
-    assert decodes and {r["positions_from"] for r in decodes} == {"mrope_positions"}
 
 
 def test_glm45v_in_graph_mode_prunes_as_in_eager_mode(servers, clips, images):

@@ -144,7 +144,7 @@ def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served
 
 def test_chunked_prefill_and_radix_hits_equal_single_chunk(served, clips, media_dir, tmp_path):
     """The module's server (SGLang's default chunk size holds each prompt whole) is the reference; 7- and
-    50-token chunks cut inside and at the edges of every video."""
+    50-token chunks cut inside and at the edges of every video, the 50-token ones in graph mode."""
     architecture, model_dir, server, _ = served
     cases = [
         (chat_prompt(VIDEO), {**media_kwargs(videos=[clips["moving"]]), **per_request_rate(0.5)}),
@@ -154,7 +154,7 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(served, clips, media_
     ]  # fmt: skip
     flush_cache(server.base_url)
     reference = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in cases]
-    results = served_in_chunks(model_dir, cases, (7, 50), ["--dtype", "float32"], tmp_path)
+    results = served_in_chunks(model_dir, cases, (7, 50), ["--dtype", "float32"], tmp_path, graph_chunk=50)
     assert_chunks_equal(results, reference, architecture)
 
 
