@@ -36,7 +36,9 @@ class CpuGraph(TorchDispatchMode):
 
     def replay(self) -> None:
         for func, args, kwargs, captured in self.ops:
-            _write_back(captured, func(*args, **kwargs))
+            result = func(*args, **kwargs)
+            _wait_for_collectives(result)
+            _write_back(captured, result)
 
     def reads(self, tensor: torch.Tensor) -> bool:
         """Whether any recorded op takes as an input a tensor whose memory overlaps `tensor`'s."""
@@ -67,6 +69,15 @@ def _flat(values):
             yield from _flat(value)
         else:
             yield value
+
+
+def _wait_for_collectives(result: Any) -> None:
+    """A collective (c10d's `allreduce_` and the like) returns its `Work` beside its tensors and the Python
+    that called it waited on it; a replay runs no such Python, so it waits here, as a CUDA graph's replay
+    orders a collective's kernel before the kernels that read its result."""
+    for value in result if isinstance(result, (list, tuple)) else (result,):
+        if isinstance(value, torch.ScriptObject) and hasattr(value, "wait"):
+            value.wait()
 
 
 def _write_back(captured: Any, result: Any) -> None:
