@@ -16,6 +16,7 @@ that way.
 
 import pytest
 
+from sglang_evs import trace
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -74,7 +75,9 @@ def serve(base_url: str, alone: dict[str, tuple[str, dict]], batched: dict, sett
 @pytest.fixture(scope="module")
 def served(tiny_qwen3_vl_six_layers_dir, media_dir, tmp_path_factory):
     """{(server, setting): results} for upstream pp = 2 (q = 0), the plugin at pp = 2 (q = 0 and both
-    prunings) and the plugin at pp = 1 (both prunings)."""
+    prunings) and the plugin at pp = 1 (both prunings); "trace": the plugin pp = 2 server's. The pp = 2
+    servers run in graph mode (`sglang_evs.testing.server`), as a GPU serves by default: SGLang keeps
+    prefill graphs off for pipeline parallelism and replays decode graphs on each stage."""
     folder = tmp_path_factory.mktemp("pipeline")
     plans = {
         "upstream pp2": (["--pp-size", "2"], {"SGLANG_PLUGINS": "none"}, {"q=0": {}}),
@@ -82,10 +85,12 @@ def served(tiny_qwen3_vl_six_layers_dir, media_dir, tmp_path_factory):
         "plugin pp1": ([], {}, PRUNINGS),
     }
     launches = [
-        Launch(tiny_qwen3_vl_six_layers_dir, folder / f"{server_name.replace(' ', '-')}.log", [*ARGS, *extra], env)
+        Launch(tiny_qwen3_vl_six_layers_dir, folder / f"{server_name.replace(' ', '-')}.log", [*ARGS, *extra],
+               {**env, **({trace.ENV: str(folder / "trace.jsonl")} if server_name == "plugin pp2" else {})},
+               graph_mode=server_name.endswith("pp2"))
         for server_name, (extra, env, _) in plans.items()
-    ]
-    out = {}
+    ]  # fmt: skip
+    out = {"trace": folder / "trace.jsonl"}
     with running_servers(*launches) as servers:
         for server, (server_name, (_, _, settings)) in zip(servers, plans.items(), strict=True):
             for setting, rate in settings.items():
@@ -106,6 +111,12 @@ def test_pp2_at_q0_is_bit_identical_to_upstream_pp2(served):
         assert ours[name] == upstream[name], name
     for mine, theirs in zip(ours["batch"], upstream["batch"], strict=True):
         assert_close(mine, theirs)
+
+
+def test_both_stages_replay_decode_graphs(served):
+    decodes = [r for r in trace.read(served["trace"], "graph_replay") if r["phase"] == "decode"]
+    assert len({r["pid"] for r in decodes}) == 2  # a replay on each stage
+    assert not [r for r in trace.read(served["trace"], "graph_replay") if r["phase"] == "prefill"]
 
 
 @pytest.mark.parametrize("setting", list(PRUNINGS))
