@@ -123,7 +123,7 @@ def served(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict:
                          "--chunked-prefill-size", str(CHUNK),
                          "--json-model-override-args", json.dumps(pruning_setting(LANGUAGE_DEFAULT))]  # fmt: skip
         with running_server(tiny_model_dir, folder / "language.log", language_args,
-                            {trace.ENV: str(language_trace)}) as language:  # fmt: skip
+                            {trace.ENV: str(language_trace)}, graph_mode=True) as language:  # fmt: skip
             for name, case in all_cases.items():
                 for setting_name, setting in SETTINGS.items():
                     if name == "image" and setting_name != "q=0":
@@ -156,6 +156,7 @@ def served(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict:
                 os.killpg(os.getpgid(encoder2.process.pid), signal.SIGKILL)
                 out["burst"] = [future.result(timeout=300) for future in burst]
             out["language_alive"] = language.alive()
+            out["replays"] = trace.read(language_trace, "graph_replay")
             out["text_after"] = generate(language.base_url, chat_prompt(text="Count to five."))[0]
     return out
 
@@ -172,6 +173,14 @@ def test_the_pair_serves_as_one_server(served, setting):
         assert_same(served["pair"][key], served["single"][key], str(key))
         if setting != "q=0" and key[0] != "image":
             assert served["pair"][key].prompt_tokens < served["pair"][key[0], "q=0"].prompt_tokens, key
+
+
+def test_the_language_server_replays_graphs_as_a_gpu_serves_by_default(served):
+    """The language server runs in graph mode (`sglang_evs.testing.server`): the encoders' embeddings of a
+    pruned video go into prefill graph replays, its decode steps replay decode graphs."""
+    prefills = [r for r in served["replays"] if r["phase"] == "prefill" and r["media"]]
+    assert prefills and {r["positions_from"] for r in prefills} == {"graph_inputs"}
+    assert any(r["phase"] == "decode" for r in served["replays"])
 
 
 def test_the_language_servers_default_reaches_the_encoder(served):
