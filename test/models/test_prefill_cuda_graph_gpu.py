@@ -1,6 +1,6 @@
 """GPU only: SGLang's prefill CUDA graphs wrap our Qwen3-VL language model; outputs equal eager.
 
-Run on a CUDA machine (the CPU route must not be set there):
+Run on a CUDA machine (the CPU route must not be set there), or `bash scripts/gpu_graph_check.sh`:
     pytest -m gpu test/models/test_prefill_cuda_graph_gpu.py
 
 Each prefill backend (breakable, full) serves the same requests as eager (`disabled`):
@@ -112,6 +112,37 @@ def test_prefill_graph_matches_eager_and_replayed(backend, tiny_model_dir, media
         assert mine.output_ids == reference.output_ids
         assert logprob_gap(mine, reference) < 1e-3
     assert any(a.output_ids != b.output_ids for a, b in zip(eager, no_deepstack, strict=True))
+
+
+def gpu_default_args(*extra: str) -> list[str]:
+    """A GPU server as a user starts one: SGLang's own graph defaults (decode graphs, and prefill graphs
+    where the plugin turns them on), float32 for a tight comparison."""
+    return ["--device", "cuda", "--dtype", "float32", "--chunked-prefill-size", "64", "--max-total-tokens", "16384",
+            "--mem-fraction-static", "0.3", *extra]  # fmt: skip
+
+
+GPU_TOLERANCE = 1e-3  # float32 on a GPU: other kernels for a padded (replayed) batch than for an eager one
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the check is of a GPU's defaults")
+def test_gpu_defaults_q0_match_upstream_and_pruned_match_eager(tiny_model_dir, media_dir, tmp_path):
+    """With the GPU's defaults, the plugin's server at q = 0 gives upstream's tokens (logprobs within
+    GPU_TOLERANCE: upstream keeps Qwen3-VL's prefill eager), and its pruned replies those of the same
+    server with every graph off; the trace shows media prefills and decodes replayed."""
+    trace_path = tmp_path / "trace.jsonl"
+    ours = serve(tiny_model_dir, media_dir, tmp_path / "defaults.log", gpu_default_args(), trace_path)
+    env = {"SGLANG_PLUGINS": "none"}
+    with running_server(tiny_model_dir, tmp_path / "upstream.log", gpu_default_args(), env=env, cpu=False) as server:
+        upstream = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in cases(media_dir)[:3]]
+    eager = serve(tiny_model_dir, media_dir, tmp_path / "eager.log", gpu_default_args("--disable-cuda-graph"))
+    for mine, theirs in zip(ours[:3], upstream, strict=True):  # the q = 0 cases
+        assert mine.output_ids == theirs.output_ids and logprob_gap(mine, theirs) < GPU_TOLERANCE
+    for mine, reference in zip(ours, eager, strict=True):
+        assert mine.output_ids == reference.output_ids and logprob_gap(mine, reference) < GPU_TOLERANCE
+    replays = trace.read(trace_path, "graph_replay")
+    assert any(r["phase"] == "prefill" and r["media"] for r in replays)
+    assert any(r["phase"] == "decode" for r in replays)
 
 
 def test_replay_check_ties_each_media_forward_to_a_replay(tmp_path):
