@@ -45,10 +45,13 @@ def breakable_prefill_by_default(module: ModuleType) -> None:
     from sglang_evs.runtime.cpu_graph import stand_in_for_cuda_graphs
 
     stand_in_for_cuda_graphs()
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     module.default_prefill_backend = lambda: module.Backend.BREAKABLE
-    ForwardMode.is_cpu_graph = ForwardMode.is_cuda_graph
+
+
+def cuda_graph_modes_on_cpu(module: ModuleType) -> None:
+    """After `sglang.srt.model_executor.forward_batch_info` imports: a CPU forward replays a decode graph
+    for the modes a CUDA forward does (target verify too), not for decode alone."""
+    module.ForwardMode.is_cpu_graph = module.ForwardMode.is_cuda_graph
 
 
 def graph_capable_torch_native(module: ModuleType) -> None:
@@ -105,7 +108,7 @@ def decode_graphs_from_model_runner(module: ModuleType) -> None:
     module.capture_decode_graph = cuda_graph_setup.capture_decode_graph
 
 
-_upstream: dict[str, Callable] = {}  # upstream's torch-native `_run_sdpa_forward_{decode,extend}`
+_upstream: dict[str, Callable] = {}  # upstream's functions graph mode wraps: decode, extend, moe
 
 
 @functools.cache
@@ -203,7 +206,7 @@ def graph_capable_moe(module: ModuleType) -> None:
     replay routes the live tokens. The layer and its runner config are named by a handle."""
     import torch
 
-    upstream = module.moe_forward_native
+    upstream = _upstream["moe"] = module.moe_forward_native
 
     @torch.library.custom_op("sglang_evs_cpu::moe_forward", mutates_args=())
     def moe_forward(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, handle: int) -> torch.Tensor:
@@ -245,6 +248,7 @@ def draft_graphs_on_cpu(module: ModuleType) -> None:
 # module name -> work to do on the module right after it was imported (graph mode only)
 AFTER_IMPORT = {
     "sglang.srt.model_executor.cuda_graph_config": breakable_prefill_by_default,
+    "sglang.srt.model_executor.forward_batch_info": cuda_graph_modes_on_cpu,
     "sglang.srt.arg_groups.attention_hook": graph_capable_torch_native,
     "sglang.srt.model_executor.model_runner_components.cuda_graph_setup": decode_graphs_on_cpu,
     "sglang.srt.model_executor.model_runner": decode_graphs_from_model_runner,
