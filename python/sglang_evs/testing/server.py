@@ -139,10 +139,15 @@ def start_server(
     `graph_mode`: a CPU server resolves and captures CUDA graphs as a CUDA server does, SGLang's own
     decode and prefill graph runners replaying on CPU stand-ins (`runtime/graph_mode.py`)."""
     port = port or free_port()
+    # SGLang picks its torch.distributed port at random from one range in every server; servers started
+    # together have drawn the same one (EADDRINUSE at startup): each gets its own from this process. Not
+    # with data-parallel replicas: given one port, every replica's group would bind it.
+    own_port = not {"--nccl-port", "--dp-size"} & set(extra_args)
+    nccl_port = ("--nccl-port", str(free_port())) if own_port else ()
     cmd = [
         sys.executable, "-m", launcher,
         "--model-path", str(model_path),
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1", "--port", str(port), *nccl_port,
         *(cpu_server_args(model_path) if cpu else ()), *extra_args,
     ]  # fmt: skip
     environment = server_environment(cpu, {**(env or {}), **graph_mode_env(graph_mode)}, server_args=extra_args)
