@@ -54,7 +54,9 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vidcom2_server") / "server.log"
-    launch = Launch(tiny_model_dir, log, [*LAUNCHER_ARGS, "--enable-metrics"], launcher="sglang_evs.launch_server")
+    # in graph mode, as a GPU serves by default (SGLang's decode graphs and the prefill graphs the plugin turns on)
+    launch = Launch(tiny_model_dir, log, [*LAUNCHER_ARGS, "--enable-metrics"], launcher="sglang_evs.launch_server",
+                    graph_mode=True)  # fmt: skip
     with running_servers(launch) as (running,):
         yield running
 
