@@ -26,12 +26,8 @@ WIRING = """
 
 
 @pytest.mark.parametrize("graph_mode", [False, True])
-def test_only_the_graph_mode_environment_changes_sglang(cpu_route, monkeypatch, graph_mode):
-    if graph_mode:
-        monkeypatch.setenv(GRAPH_MODE_ENV, "1")
-    else:
-        monkeypatch.delenv(GRAPH_MODE_ENV, raising=False)
-    got = json.loads(cpu_route(WIRING).splitlines()[-1])
+def test_only_the_graph_mode_environment_changes_sglang(cpu_route, graph_mode):
+    got = json.loads(cpu_route(WIRING, **({GRAPH_MODE_ENV: "1"} if graph_mode else {})).splitlines()[-1])
     if graph_mode:  # as on CUDA
         assert got["prefill"].endswith("breakable") and got["cuda_graph"] == "CpuGraphSegment"
         assert set(got["cpu_graph_modes"]) >= {"DECODE", "TARGET_VERIFY"} and got["fill"] == 1
@@ -112,9 +108,8 @@ OPS = """
 """
 
 
-def test_attention_and_moe_ops_are_upstreams_and_replay_on_the_live_batch(cpu_route, monkeypatch):
-    monkeypatch.setenv(GRAPH_MODE_ENV, "1")
-    gaps = json.loads(cpu_route(OPS).splitlines()[-1])
+def test_attention_and_moe_ops_are_upstreams_and_replay_on_the_live_batch(cpu_route):
+    gaps = json.loads(cpu_route(OPS, **{GRAPH_MODE_ENV: "1"}).splitlines()[-1])
     assert gaps["decode"] == gaps["extend"] == 0.0  # eagerly, bit for bit upstream's
     assert gaps["decode replay"] == 0.0  # the replay read the new requests and lengths
     assert gaps["decode replay reads live lengths"] > 1e-3  # ... and they did change the answer

@@ -5,10 +5,6 @@ Each op is called through `torch.ops.sgl_kernel`, with the argument lists SGLang
 SGLang hands over slices of one projection).
 """
 
-import os
-import subprocess
-import sys
-import textwrap
 from types import SimpleNamespace
 
 import torch
@@ -131,8 +127,8 @@ def test_fused_rmsnorm_gated_matches_norm_then_silu_gate():
             torch.testing.assert_close(ungated[r].double(), normed, rtol=1e-5, atol=1e-5)
 
 
-def test_gated_norm_module_takes_the_cpu_op_without_amx():
-    """A fresh interpreter, as SGLang's scheduler: Gated DeltaNet's output norm runs on CPU
+def test_gated_norm_module_takes_the_cpu_op_without_amx(cpu_route):
+    """On the CPU route, as SGLang's scheduler: Gated DeltaNet's output norm runs on CPU
     (upstream would call Triton, which needs CUDA, on a CPU without Intel AMX)."""
     code = """
         import torch
@@ -144,11 +140,7 @@ def test_gated_norm_module_takes_the_cpu_op_without_amx():
         torch.testing.assert_close(out, want)
         print("gated norm on cpu")
     """
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=180,
-                          env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "gated norm on cpu" in done.stdout
+    assert "gated norm on cpu" in cpu_route(code)
 
 
 def test_shared_expert_gate_matches_per_token_formula():
@@ -168,7 +160,7 @@ def test_shared_expert_gate_matches_per_token_formula():
         torch.testing.assert_close(final.double(), expected_sum, rtol=1e-5, atol=1e-5)
 
 
-def test_qwen2_moe_module_gets_the_torch_shared_expert_gate():
+def test_qwen2_moe_module_gets_the_torch_shared_expert_gate(cpu_route):
     code = """
         from sglang.srt.models import qwen2_moe
         from sglang_evs.runtime import elementwise
@@ -176,8 +168,4 @@ def test_qwen2_moe_module_gets_the_torch_shared_expert_gate():
         assert qwen2_moe.fused_gate_sigmoid_mul is elementwise.fused_gate_sigmoid_mul
         print("torch gate")
     """
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=180,
-                          env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "torch gate" in done.stdout
+    assert "torch gate" in cpu_route(code)
