@@ -65,8 +65,7 @@ def trace_graph_replay(original, runner, forward_batch, *args, **kwargs):
     cpu_graph.take_replayed()  # what replayed before this call is not this replay's
     with trace.graph_replay():
         result = original(runner, forward_batch, *args, **kwargs)
-    segments = [s for s in cpu_graph.take_replayed() if isinstance(s, cpu_graph.CpuGraphSegment)]
-    source = read_by(segments, buffers)
+    source = read_by(cpu_graph.take_replayed(), buffers)
     model = "draft" if runner.model_runner.is_draft_worker else "target"
     trace.record(
         "graph_replay",

@@ -369,14 +369,16 @@ def served_in_chunks(
     return results
 
 
-def assert_media_prefills_and_decodes_replayed(trace_path: Path) -> None:
+def assert_media_prefills_and_decodes_replayed(trace_path: Path) -> list[dict]:
     """A graph-mode server replayed prefill graphs for media-carrying forwards, reading the model's position
-    buffer, and decode graphs, reading SGLang's static M-RoPE positions (`sglang_evs.graph_trace`)."""
+    buffer, and decode graphs, reading SGLang's static M-RoPE positions (`sglang_evs.graph_trace`). Returns
+    the media prefills' replays."""
     replays = trace.read(trace_path, "graph_replay")
     prefills = [r for r in replays if r["phase"] == "prefill" and r["media"]]
     assert prefills and {r["positions_from"] for r in prefills} == {"graph_inputs"}
     decodes = [r for r in replays if r["phase"] == "decode"]
     assert decodes and {r["positions_from"] for r in decodes} == {"mrope_positions"}
+    return prefills
 
 
 def assert_chunks_equal(results: dict, reference: list, context: str) -> None:
@@ -422,6 +424,9 @@ def test_mixed_media_requests_equal_each_request_alone(evs_server, evs_trace, cl
     together, (shared_forwards, cached, prompt) = send_together(evs_server.base_url, cases, evs_trace)
     assert shared_forwards > 0, "no prefill forward held the media of two requests"
     assert cached < prompt // 4  # prefilled, not served from the cache (two of them share their first video)
+    # the graph-mode server replayed it: one prefill replay carried the media of two requests or more
+    media_prefills = assert_media_prefills_and_decodes_replayed(evs_trace)
+    assert any(replay["requests"] > 1 for replay in media_prefills)
     for one, many in zip(alone, together, strict=True):
         assert many.prompt_tokens == one.prompt_tokens
         assert_same_generation(many, one, "batched vs alone")  # batched CPU GEMMs round differently

@@ -11,6 +11,7 @@ Inside the plugin server, an event trace shows where deepstack went. SGLang's MM
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,9 @@ from sglang_evs import trace
 from sglang_evs.bench import mmmu_fixture
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, logprob_gap, media_kwargs
 from sglang_evs.testing.server import Launch, running_servers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_evs_serving import assert_media_prefills_and_decodes_replayed  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -140,12 +144,7 @@ def test_graph_mode_matches_upstream_in_graph_mode(served, case):
 def test_graph_mode_replays_media_prefills_and_every_decode(served):
     """The plugin's server replayed a prefill graph for media-carrying chunks (reading its position buffer)
     and decode graphs (reading SGLang's static M-RoPE positions)."""
-    replays = trace.read(served["trace"]["graphs"], "graph_replay")
-    media_prefills = [r for r in replays if r["phase"] == "prefill" and r["media"]]
-    assert media_prefills and {r["positions_from"] for r in media_prefills} == {"graph_inputs"}
-    assert any(r["requests"] > 1 for r in media_prefills)  # the mixed batch shared a replay
-    decode = [r for r in replays if r["phase"] == "decode"]
-    assert decode and {r["positions_from"] for r in decode} == {"mrope_positions"}
+    assert_media_prefills_and_decodes_replayed(served["trace"]["graphs"])
     assert "Capture target prefill CUDA graph" not in served["log", "graphs", "off"]  # upstream keeps it off
 
 

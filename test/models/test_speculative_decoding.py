@@ -275,7 +275,7 @@ def test_moe_speculation_gives_the_tokens_of_no_speculation(served):
 # --- graph mode: SGLang's verify, draft and prefill graphs replay, as on a GPU by default ------------
 
 
-def graph_mode_requests(served) -> list[tuple[Generation, Generation]]:
+def graph_mode_requests(served: "Served | ServedEagle3") -> list[tuple[Generation, Generation]]:
     """(graph mode, eager mode) replies of the same requests, the traced one (q = .5) included."""
     pairs = [(served.graphs[key], served.speculating[key]) for key in served.graphs]
     return [*pairs, (served.graphs_traced.reply, served.traced.reply)]
@@ -511,8 +511,7 @@ def test_eagle3_in_graph_mode_speculates_as_in_eager_mode_at_the_rules_positions
 ):
     """The draft's prefill stays eager (`plugin.keep_mrope_draft_prefill_eager`: SGLang's prefill graph would
     give this draft no M-RoPE positions); every other forward replays."""
-    pairs = [(served_eagle3.graphs[key], served_eagle3.speculating[key]) for key in served_eagle3.graphs]
-    for graph, eager in [*pairs, (served_eagle3.graphs_traced.reply, served_eagle3.traced.reply)]:
+    for graph, eager in graph_mode_requests(served_eagle3):
         assert_same(graph, eager, "EAGLE3 graph mode vs eager")
         assert graph.meta["spec_verify_ct"] <= eager.meta["spec_verify_ct"]
     assert_replayed_at_the_rules_positions(
