@@ -38,17 +38,22 @@ TOWERS = {
     "8b": dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
                deepstack_visual_indexes=[8, 16, 24]),
 }  # fmt: skip
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 COMMON = dict(patch_size=16, temporal_patch_size=2, spatial_merge_size=2, in_channels=3,
               num_position_embeddings=2304, hidden_act="gelu_pytorch_tanh")  # fmt: skip
 
 
 def median_seconds(fn: Callable[[], object], reps: int, warmup: int = 1) -> tuple[float, list[float]]:
+    """Median wall time of ``fn``; on a CUDA device each run ends when its kernels have finished."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
+        sync()
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times), times
 
@@ -87,6 +92,8 @@ def main() -> None:
     p.add_argument("--method", choices=[*METHODS, "all"], default="all", help="keep-mask(s) to time")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions of each")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--device", default="cpu", help="where the tower and the masks run (cpu, cuda)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="the tower's dtype (a GPU serves bfloat16)")
     p.add_argument("--output", type=Path, help="also write the raw results here (JSON)")
     args = p.parse_args()
 
@@ -95,22 +102,27 @@ def main() -> None:
     grid_thw = torch.tensor([[t, 2 * h, 2 * w]])
     methods = list(METHODS.values()) if args.method == "all" else [METHODS[args.method]]
     keeps = ", ".join(f"{m.name} keeps {m.retained_token_count(h * w, t, args.pruning_rate)}" for m in methods)
-    print(f"torch {torch.__version__}, {cpu_name()}, {os.cpu_count()} CPUs, {args.threads} threads")
+    device = torch.device(args.device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()}, {args.threads} threads"
+    print(f"torch {torch.__version__}, {where}, {os.cpu_count()} CPUs")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     print(f"clip: T={t} groups of {2 * h * 16}x{2 * w * 16} px = {t * h * w} merged tokens, "
           f"q={args.pruning_rate}: {keeps}; tower {args.tower} ({TOWERS[args.tower]['depth']} layers)")  # fmt: skip
 
-    tower = build_tower(args.tower)
+    dtype = DTYPES[args.dtype]
+    tower = build_tower(args.tower).to(device, dtype)
     pixels = torch.randn(int(grid_thw.prod()), 3 * 2 * 16 * 16, generator=torch.Generator().manual_seed(0))
+    pixels, grid_thw = pixels.to(device, dtype), grid_thw.to(device)
     fmt = ", ".join
     grid = tuple(grid_thw[0].tolist())
     with torch.inference_mode():
         encoder_s, encoder_runs = median_seconds(lambda: encode(tower, pixels, grid_thw), args.reps)
-        print(f"vision encoder fp32: median {encoder_s * 1e3:.1f} ms "
+        print(f"vision encoder {args.dtype}: median {encoder_s * 1e3:.1f} ms "
               f"(runs {fmt(f'{x * 1e3:.1f}' for x in encoder_runs)})")  # fmt: skip
         rows = encode(tower, pixels, grid_thw)
         result = {"tower": args.tower, "grid_thw": list(grid), "pruning_rate": args.pruning_rate,
-                  "threads": args.threads, "encoder_ms": [x * 1e3 for x in encoder_runs], "masks": {}}  # fmt: skip
+                  "device": where, "dtype": args.dtype, "threads": args.threads,
+                  "encoder_ms": [x * 1e3 for x in encoder_runs], "masks": {}}  # fmt: skip
         for method in methods:
             mask_s, mask_runs = median_seconds(
                 lambda method=method: method.retention_mask(rows, grid, 2, args.pruning_rate), args.reps

@@ -10,7 +10,9 @@ rows as in :mod:`.inputs`).
 * Kept count: ``N = max(h * w, int(T * h * w * (1 - q)))``.
 * The ``N`` best scores are kept, ties broken towards the lower flat index
   (stable descending sort).  The mask is over the original rows, so kept rows
-  stay in frame/raster order.
+  stay in frame/raster order.  On CUDA a cell identical to the one before
+  scores 0 only to within rounding, so such cells do not tie exactly there
+  (test/methods/test_methods_gpu.py).
 
 For Qwen3-VL the rows to score are the main merger output concatenated with
 the deepstack outputs (``[main | ds0 | ds1 | ds2]``); the one mask then prunes
