@@ -86,6 +86,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("video_meta_attrs"), disaggregated.with_pruning_records, after)
     before = sglang.HookType.BEFORE
     register(sglang.hook_target("encoder_failed_request"), disaggregated.reportable_failed_request, before)
+    register(sglang.hook_target("assemble_encoded_rows"), disaggregated.refuse_rows_without_records, before)
     register(sglang.hook_target("encoder_data_parallel"), refuse_encoder_data_parallel, before)
     register(sglang.hook_target("init_prefill_graph"), keep_mrope_draft_prefill_eager, around)
     if trace.enabled():

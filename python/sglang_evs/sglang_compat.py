@@ -126,6 +126,8 @@ HOOK_TARGETS: dict[str, str] = {
     "encoder_data_parallel": "sglang.srt.disaggregation.encoder.runtime:launch_dp_runtime",
     # the Req a `--language-only` scheduler builds to report a request whose media never came back
     "encoder_failed_request": "sglang.srt.disaggregation.encoder.receiver:MMReceiverBase.create_req",
+    # a `--language-only` scheduler assembling a request's prompt from the rows its encoders sent
+    "assemble_encoded_rows": "sglang.srt.disaggregation.encoder.receiver:WaitingMMRequestBase._finish_assemble",
     # a model runner capturing its prefill graph (a draft's: `keep_mrope_draft_prefill_eager`)
     "init_prefill_graph": "sglang.srt.model_executor.model_runner:ModelRunner.init_prefill_cuda_graph",
     # traced only (SGLANG_EVS_TRACE): each replay of a graph runner (graph_trace.py)

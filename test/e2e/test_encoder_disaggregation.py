@@ -237,3 +237,40 @@ def test_a_server_wide_setting_on_an_encoder_stops_it_at_startup(tiny_model_dir)
     assert done.returncode != 0
     assert "video_pruning_rate=0.5" in done.stdout + done.stderr
     assert "set the pruning default on the --language-only server" in done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def without_plugin(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict:
+    """A language server with the plugin (EVS .5 by default) whose one encoder server runs without it."""
+    folder = tmp_path_factory.mktemp("epd_mixed_fleet")
+    upstream = {"SGLANG_PLUGINS": "none"}  # SGLang loads no plugin in this server
+    encoder = Launch(tiny_model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only"], upstream)
+    video = cases(files)["video"]
+    out: dict = {}
+    with running_servers(encoder) as (upstream_encoder,):
+        language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", upstream_encoder.base_url,
+                         "--json-model-override-args", json.dumps(pruning_setting(LANGUAGE_DEFAULT))]  # fmt: skip
+        with running_server(tiny_model_dir, folder / "language.log", language_args) as language:
+            out["encoder"] = upstream_encoder.base_url
+            for name, setting in (("default", {}), ("q=0.75", SETTINGS["evs q=0.75"])):
+                out[name] = requests.post(
+                    f"{language.base_url}/generate",
+                    json={"text": video[0], **video[1], **setting, "sampling_params": {"max_new_tokens": 2}},
+                    timeout=120,
+                )
+            out["q=0"] = ask(language.base_url, video, SETTINGS["q=0"])
+            out["single q=0"] = ask(tiny_server.base_url, video, SETTINGS["q=0"])
+            out["text_after"] = generate(language.base_url, chat_prompt(text="Count to five."))[0]
+    return out
+
+
+def test_an_encoder_without_the_plugin_fails_a_pruning_request_by_name_and_the_server_serves_on(without_plugin):
+    """Such an encoder sends every row and no record: a request that asked for pruning (by the language
+    server's default or its own setting) fails naming the encoder and its setting, never served unpruned."""
+    for name, rate in (("default", LANGUAGE_DEFAULT), ("q=0.75", 0.75)):
+        reply = without_plugin[name]
+        assert reply.status_code == 500, (name, reply.text)
+        assert f"video_pruning_rate={rate}" in reply.text and without_plugin["encoder"] in reply.text, reply.text
+        assert "without the sglang-evs plugin" in reply.text
+    assert_same(without_plugin["q=0"], without_plugin["single q=0"], "q = 0 from an encoder without the plugin")
+    assert len(without_plugin["text_after"].output_ids) > 0

@@ -6,7 +6,16 @@ import pytest
 import torch
 
 from sglang_evs.methods import EVS, VIDCOM2
-from sglang_evs.pruning.disaggregated import kept_counts, lay_out_pruned, prune_encoded_videos, settings_for_encoder
+from sglang_evs.pruning.disaggregated import (
+    ASKED,
+    kept_counts,
+    lay_out_pruned,
+    prune_encoded_videos,
+    refuse_rows_without_records,
+    settings_for_encoder,
+    video_record,
+    with_asked_pruning,
+)
 from sglang_evs.pruning.settings import NO_PRUNING, Pruning
 
 VIDEO_PAD, IMAGE_PAD, TEXT = 9, 8, 1
@@ -77,3 +86,36 @@ def test_pads_are_found_only_inside_video_spans_and_an_item_may_have_several():
     assert torch.equal(out.mm_items[1].precomputed_embeddings, rows)
     with pytest.raises(ValueError, match="video pads"):  # the image's two pads are not the video's
         lay_out_pruned(output, [{**record, "tokens": 8, "kept": None}], torch.randn(8, 4), shared)
+
+
+def test_the_asked_pruning_rides_in_custom_params_beside_the_users_own():
+    pruning = Pruning(VIDCOM2, 0.75)
+    asked = {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75}
+    got = with_asked_pruning({"max_new_tokens": 3, "custom_params": {"mine": 1}}, pruning)
+    assert got == {"max_new_tokens": 3, "custom_params": {"mine": 1, ASKED: asked}}
+    assert with_asked_pruning(None, pruning) == {"custom_params": {ASKED: asked}}
+    assert with_asked_pruning([{}, {"temperature": 0}], pruning) == [
+        {"custom_params": {ASKED: asked}},
+        {"temperature": 0, "custom_params": {ASKED: asked}},
+    ]
+
+
+def waiting_request(asked: dict | None, video_grids: list | None, records: list | None) -> SimpleNamespace:
+    """What the language scheduler holds when a request's rows have all arrived (one part per encoder)."""
+    grids = None if video_grids is None else torch.tensor(video_grids)
+    received = SimpleNamespace(get_mm_extra_meta=lambda: {"video_grid_thw": grids}, evs_video_pruning=records)
+    custom = None if asked is None else {ASKED: asked}
+    recv_req = SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom), encoder_urls=["http://enc:1"])
+    return SimpleNamespace(recv_req=recv_req, recv_embedding_data=received)
+
+
+def test_rows_without_records_fail_a_request_that_asked_for_pruning_naming_encoder_and_setting():
+    asked = {"video_pruning_method": "evs", "video_pruning_rate": 0.5}
+    record = video_record("evs", 0.5, [0, 1], 4)
+    with pytest.raises(ValueError, match=r"video_pruning_rate=0.5.*2 of its 2 videos.*http://enc:1"):
+        refuse_rows_without_records(waiting_request(asked, [[2, 2, 2], [2, 2, 2]], [None]))
+    with pytest.raises(ValueError, match="1 of its 2 videos"):  # one encoder of two without the plugin
+        refuse_rows_without_records(waiting_request(asked, [[2, 2, 2], [2, 2, 2]], [[record], None]))
+    refuse_rows_without_records(waiting_request(asked, [[2, 2, 2], [2, 2, 2]], [[record], [record]]))
+    refuse_rows_without_records(waiting_request(asked, None, [None]))  # images only: nothing to prune
+    refuse_rows_without_records(waiting_request(None, [[2, 2, 2]], [None]))  # q = 0: upstream's rows are right

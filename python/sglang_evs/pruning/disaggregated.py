@@ -13,6 +13,11 @@ So pruning happens where the rows are made:
    then the pruned pads are deleted from its ids, positions and items, and the received rows placed
    (`lay_out_pruned`): the same rule as one server (unpruned positions, pruned rows deleted, decode
    offset grown by the pruned count).
+
+The request's setting also rides to the language scheduler (in its sampling parameters' `custom_params`,
+SGLang's own private channel for per-request facts), so that rows coming back without a record (an encoder
+that does not run this plugin) fail that request by name instead of serving it at another rate
+(`refuse_rows_without_records`).
 """
 
 import pickle
@@ -31,6 +36,7 @@ from sglang_evs.pruning.settings import (
 )
 
 RECORDS = "evs_video_pruning"  # the per-video records' attribute on SGLang's EmbeddingData
+ASKED = "__sglang_evs_video_pruning"  # the request's setting, in its sampling parameters' custom_params
 
 
 def video_record(method: str, rate: float, kept: list[int] | None, tokens: int) -> dict:
@@ -156,6 +162,42 @@ def carry_pruning_to_encoders(tokenizer_manager, request, *args, **kwargs):
             f"{PRUNING_RATE_SETTING} for all its prompts; send prompts that differ as separate requests"
         )
     request.mm_processor_kwargs = resolved if isinstance(given, list) else resolved[0]
+    (pruning,) = prunings
+    if pruning.prunes:
+        request.sampling_params = with_asked_pruning(request.sampling_params, pruning)
+
+
+def with_asked_pruning(sampling_params, pruning: Pruning):
+    """A request's sampling parameters (a dict, one per prompt of a batch, or None) with the pruning it
+    asked for under `ASKED` in each one's `custom_params`, where the language scheduler reads it."""
+    if isinstance(sampling_params, list):
+        return [with_asked_pruning(params, pruning) for params in sampling_params]
+    params = dict(sampling_params or {})
+    params["custom_params"] = {**(params.get("custom_params") or {}), ASKED: settings_for_encoder(pruning)}
+    return params
+
+
+def refuse_rows_without_records(waiting, *args, **kwargs) -> None:
+    """BEFORE hook on the language scheduler's assembly of a request's rows from its encoders: a request
+    that asked for pruning, whose videos came back without the encoders' records (an encoder server that
+    does not run this plugin sends every row, unpruned and unrecorded), fails with an error naming the
+    encoders and the setting; SGLang reports it to the client and serves on. Never served at another rate."""
+    custom = waiting.recv_req.sampling_params.custom_params
+    asked = custom.get(ASKED) if isinstance(custom, dict) else None
+    if not asked:
+        return
+    received = waiting.recv_embedding_data
+    grids = received.get_mm_extra_meta()["video_grid_thw"]
+    videos = 0 if grids is None else len(grids)
+    recorded = sum(len(part or ()) for part in getattr(received, RECORDS, None) or ())
+    if recorded < videos:
+        setting = " ".join(f"{key}={value}" for key, value in asked.items())
+        raise ValueError(
+            f"sglang-evs: this request asked for {setting}, but {videos - recorded} of its {videos} videos came "
+            f"back from the encoder server(s) {', '.join(waiting.recv_req.encoder_urls or ['?'])} unpruned "
+            "and without a pruning record: an encoder server without the sglang-evs plugin. Install "
+            f"sglang-evs on every --encoder-only server, or send {PRUNING_RATE_SETTING}=0 with this request"
+        )
 
 
 def settings_to_video_entries(result: list, receiver, request_obj, *args, **kwargs) -> list:
