@@ -5,6 +5,12 @@ GLM's own processor writes a video as one image-token run per temporal group, ea
 `get_rope_index_glm4v` (each group its own grid). The guarantees are Qwen3-VL's: q = 0 bit-identical to
 upstream, exact counts, an HF oracle at the reference positions, chunked prefill and radix hits,
 concurrent mixed media, usage and Prometheus counts.
+
+The HF oracle (transformers' Glm4v and Glm4vMoe) covers one video (EVS, moving and static), a video beside an
+image and two videos (GLM's image and video rows share one token id), VidCom2 and GLM-4.5V, each keeping more
+than group 0; two wrong position rules (one position late, the compacted sequence renumbered) fail it. Checked
+by hand: with `VideoPruner.write_positions` left out (positions as laid out before encoding), every pruned
+oracle case fails.
 """
 
 import dataclasses
@@ -17,6 +23,7 @@ import requests
 import torch
 
 from sglang_evs import trace
+from sglang_evs.methods import METHODS
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import (
     GLM4V_IMAGE,
@@ -41,7 +48,6 @@ from test_evs_serving import (  # noqa: E402
     assert_media_prefills_and_decodes_replayed,
     assert_same_generation,
     hf_greedy_on_kept,
-    served_mask,
 )
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
@@ -240,47 +246,79 @@ def test_a_bad_rate_gets_400_and_the_server_serves_on(servers, clips):
 
 
 @cache
-def hf(model_dir: str):
-    from transformers import AutoProcessor, Glm4vForConditionalGeneration
+def hf(model_dir: str, architecture: str = DENSE):
+    import transformers
 
-    model = Glm4vForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return model, AutoProcessor.from_pretrained(model_dir)
+    model = getattr(transformers, architecture).from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, transformers.AutoProcessor.from_pretrained(model_dir)
 
 
-def hf_pruned_greedy(model_dir: Path, clip: Path, keep_mask, steps: int = 8, shift_from_video: int = 0) -> HFReference:
-    """The reference rule from transformers' own GLM-4.1V: the frames SGLang's GLM sampler picks, HF's processor
-    and tower, `keep_mask(rows, grid, m, q)` over the video's rows, the kept tokens at the positions HF's
-    `get_rope_index` gives them in the unpruned sequence. ``shift_from_video``: the control, every token from
-    the video's first row on moved by that many positions."""
+def hf_pruned_greedy(
+    model_dir: Path, prompt: str, clips: list[Path], keep_masks: list, images: tuple[Path, ...] = (),
+    architecture: str = DENSE, steps: int = 8, shift_from_video: int = 0, shift_text_back: bool = False,
+) -> HFReference:  # fmt: skip
+    """The reference rule from transformers' own GLM-4.1V / GLM-4.5V (``architecture``): the frames SGLang's GLM
+    sampler picks, HF's processor and towers, ``keep_masks[i](rows, grid, m, q)`` over video i's rows, the kept
+    tokens at the positions HF's `get_rope_index` gives them in the unpruned sequence (images whole). Controls:
+    ``shift_from_video`` moves every token from the first video row on by that many positions (a one-position
+    error); ``shift_text_back`` moves the text after the video back by the pruned count (a rule that renumbers
+    the compacted sequence)."""
+    from PIL import Image
     from sglang.srt.multimodal.processors.glm4v import glm_processor_video_config, glm_sample_and_decode_sync
     from sglang.srt.utils.common import load_video
 
-    model, processor = hf(str(model_dir))
+    model, processor = hf(str(model_dir), architecture)
     sampler = processor.video_processor
-    frames, metadata = glm_sample_and_decode_sync(
-        load_video(str(clip), use_gpu=False), glm_processor_video_config(sampler), sampler
-    )
+    sampled = [
+        glm_sample_and_decode_sync(load_video(str(clip), use_gpu=False), glm_processor_video_config(sampler), sampler)
+        for clip in clips
+    ]
     inputs = processor(
-        text=[glm4v_chat_prompt(GLM4V_VIDEO)], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
-        return_tensors="pt",
+        text=[prompt], images=[Image.open(path).convert("RGB") for path in images] or None,
+        videos=[frames for frames, _ in sampled], video_metadata=[metadata for _, metadata in sampled],
+        do_sample_frames=False, return_tensors="pt",
     )  # fmt: skip
-    ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
+    ids, types = inputs["input_ids"][0], inputs["mm_token_type_ids"][0]
+    grids, merge = inputs["video_grid_thw"], model.config.vision_config.spatial_merge_size
     with torch.no_grad():
-        positions, delta = model.model.get_rope_index(ids[None], inputs["mm_token_type_ids"], video_grid_thw=grid)
-        rows = torch.cat(list(model.model.get_video_features(inputs["pixel_values_videos"], grid).pooler_output))
-        mask = keep_mask(rows, grid[0], model.config.vision_config.spatial_merge_size, None)
-        is_row = inputs["mm_token_type_ids"][0] == 2  # the video's rows (image tokens between the video markers)
-        keep = torch.ones_like(ids, dtype=torch.bool)
-        keep[is_row] = mask
+        positions, delta = model.model.get_rope_index(
+            ids[None], inputs["mm_token_type_ids"], image_grid_thw=inputs.get("image_grid_thw"), video_grid_thw=grids
+        )
         embeds = model.model.language_model.embed_tokens(ids)
+        if images:
+            image_rows = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+            embeds[types == 1] = torch.cat(list(image_rows.pooler_output))
+        rows = torch.cat(list(model.model.get_video_features(inputs["pixel_values_videos"], grids).pooler_output))
+        per_video = rows.split([int(grid.prod()) // merge**2 for grid in grids])
+        is_row = types == 2  # the videos' rows (image tokens between the video markers)
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        videos = zip(keep_masks, per_video, grids, strict=True)
+        keep[is_row] = torch.cat([mask(x, grid, merge, None) for mask, x, grid in videos])
         embeds[is_row] = rows
-        return hf_greedy_on_kept(model, embeds, positions, delta, keep, is_row, steps, shift_from_video)
+        shifts = (shift_from_video, shift_text_back)
+        return hf_greedy_on_kept(model, embeds, positions, delta, keep, is_row, steps, *shifts)
 
 
 def unseen_clip(servers, kind: str, tag: str) -> Path:
     """A clip no earlier request sent, so the server encodes it and traces its keep-mask."""
     seed = 2000 + sum(map(ord, f"{kind}{tag}"))
     return write_clip(servers["trace", DENSE].parent / f"unseen-{kind}-{tag}.mp4", kind, seed=seed)
+
+
+def served_masks(trace_path: Path, count: int) -> list:
+    """The keep-masks of the server's last `count` encoded videos, in order, as `hf_pruned_greedy` masks."""
+    kept = [event["kept"] for event in trace.read(trace_path, "keep_mask")[-count:]]
+    assert len(kept) == count, "fewer videos encoded than sent: send unseen clips"
+
+    def mask_of(indices: list[int]):
+        def mask(rows, *_):
+            out = torch.zeros(rows.shape[0], dtype=torch.bool)
+            out[indices] = True
+            return out
+
+        return mask
+
+    return [mask_of(indices) for indices in kept]
 
 
 # SGLang's GLM-4.1V and transformers' differ by up to 1.1e-3 in logprob with nothing pruned (measured at q = 0 on
@@ -299,24 +337,62 @@ def test_greedy_tokens_equal_hf_oracle(servers, q, kind):
     seen = {}
 
     def checked(rows, grid, merge, _):
-        served = served_mask(servers["trace", DENSE])(rows, grid, merge, q)
+        served = served_masks(servers["trace", DENSE], 1)[0](rows)
         seen["served"], seen["args"] = served, (rows, grid, merge, q)
         return served
 
     def every_row(rows, *_):
         return torch.ones(rows.shape[0], dtype=torch.bool)
 
-    reference = hf_pruned_greedy(servers["dirs"][DENSE], clip, checked if q else every_row)
+    prompt = glm4v_chat_prompt(GLM4V_VIDEO)
+    reference = hf_pruned_greedy(servers["dirs"][DENSE], prompt, [clip], [checked if q else every_row])
     assert_matches_hf(reply, reference, GLM_HF_TOLERANCE)
     if q:
         assert_masks_agree_up_to_ties(seen["served"], *seen["args"])
 
 
-def test_the_tolerance_tells_a_one_position_error(servers):
-    clip = unseen_clip(servers, "moving", "one-off")
+# (name, architecture, images, video kinds, method, q): GLM writes image and video rows with one token id, so
+# a video beside an image, and two videos, must each find their own rows; GLM-4.5V against transformers' MoE.
+MIXED_ORACLE_CASES = {
+    "image+video": (DENSE, 1, ["noise"], "evs", 0.5),
+    "two videos": (DENSE, 0, ["moving", "noise"], "evs", 0.5),
+    "vidcom2": (DENSE, 0, ["moving"], "vidcom2", 0.75),
+    "glm45v video": (MOE, 0, ["moving"], "evs", 0.75),
+    "glm45v image+video": (MOE, 1, ["noise"], "vidcom2", 0.5),
+}
+
+
+@pytest.mark.parametrize("case", list(MIXED_ORACLE_CASES))
+def test_mixed_prompts_equal_hf_oracle(servers, images, case):
+    """HF given the server's keep-masks (each keeps the method's count, past group 0), every kept row at its
+    unpruned position, images whole."""
+    architecture, image_count, kinds, method, q = MIXED_ORACLE_CASES[case]
+    clips = [unseen_clip(servers, kind, f"{case}-{i}") for i, kind in enumerate(kinds)]
+    shown = tuple(images[:image_count])
+    prompt = glm4v_chat_prompt(*[GLM4V_IMAGE] * image_count, *[GLM4V_VIDEO] * len(clips))
+    reply = generate(
+        servers[architecture, "on"].base_url, prompt, **media_kwargs(images=list(shown), videos=clips),
+        **per_request_rate(q, method),
+    )[0]  # fmt: skip
+    masks = served_masks(servers["trace", architecture], len(clips))
+    counts = [int(mask(torch.empty(GROUPS * TOKENS_PER_GROUP)).sum()) for mask in masks]
+    assert counts == [METHODS[method].retained_token_count(TOKENS_PER_GROUP, GROUPS, q)] * len(clips)
+    assert min(counts) > TOKENS_PER_GROUP, "keeps more than group 0, so the layout before encoding is not already right"
+    reference = hf_pruned_greedy(servers["dirs"][architecture], prompt, clips, masks, shown, architecture)
+    assert_matches_hf(reply, reference, GLM_HF_TOLERANCE)
+
+
+@pytest.mark.parametrize("control", ["one position", "renumbered"])
+def test_the_tolerance_tells_a_position_error(servers, control):
+    """Two wrong position rules on the server's own keep-mask: every token from the video on one position
+    late, and the text after the video renumbered back by the pruned count."""
+    clip = unseen_clip(servers, "moving", f"control-{control}")
     reply = video(servers[DENSE, "on"], clip, 0.75)
-    one_off = hf_pruned_greedy(servers["dirs"][DENSE], clip, served_mask(servers["trace", DENSE]), shift_from_video=1)
-    assert logprob_gap(reply, one_off) > 10 * GLM_HF_TOLERANCE
+    wrong = {"shift_from_video": 1} if control == "one position" else {"shift_text_back": True}
+    prompt = glm4v_chat_prompt(GLM4V_VIDEO)
+    masks = served_masks(servers["trace", DENSE], 1)
+    reference = hf_pruned_greedy(servers["dirs"][DENSE], prompt, [clip], masks, **wrong)
+    assert logprob_gap(reply, reference) > 10 * GLM_HF_TOLERANCE
 
 
 def test_the_visualizer_scores_the_frames_the_server_encodes(servers, monkeypatch):
@@ -338,7 +414,7 @@ def test_the_visualizer_scores_the_frames_the_server_encodes(servers, monkeypatc
     t, gh, gw = kept.grid
     assert (t, gh * gw // kept.merge**2) == (GROUPS, TOKENS_PER_GROUP)
     assert int(kept.mask.sum()) == reply.meta["video_tokens"] == evs_count(0.5)
-    assert_masks_agree_up_to_ties(served_mask(servers["trace", DENSE])(kept.mask, None, None, None), *scored["args"])
+    assert_masks_agree_up_to_ties(served_masks(servers["trace", DENSE], 1)[0](kept.mask), *scored["args"])
 
 
 # --- chunked prefill, radix hits, several media per request and per batch
