@@ -274,3 +274,56 @@ def test_an_encoder_without_the_plugin_fails_a_pruning_request_by_name_and_the_s
         assert "without the sglang-evs plugin" in reply.text
     assert_same(without_plugin["q=0"], without_plugin["single q=0"], "q = 0 from an encoder without the plugin")
     assert len(without_plugin["text_after"].output_ids) > 0
+
+
+# Other families and encoder layouts behind the pair, each against one plugin server of the same checkpoint:
+# (checkpoint fixture, the encoder's own arguments, environment). The Qwen3-VL encoder runs two TP ranks
+# and SGLang's encoder cache (`--enable-prefix-mm-cache`), which must not hand a video's rows pruned at
+# one rate to a request at another.
+PAIR_LAYOUTS = {
+    "qwen3_vl-encoder_tp2-prefix_mm_cache": (
+        "tiny_model_dir",
+        ["--tp-size", "2", "--enable-prefix-mm-cache", "--enable-metrics"],
+        {},
+    ),
+    "qwen3_5": ("tiny_qwen3_5_dir", [], {"SGLANG_MAMBA_CONV_DTYPE": "float32"}),
+    "qwen3_vl_moe": ("tiny_qwen3_vl_moe_dir", [], {}),
+}
+# The same video at three settings in a row (the encoder cache holds it after the first), then media mixes.
+LAYOUT_REQUESTS = [
+    ("video", "evs q=0.75"), ("video", "q=0"), ("video", "evs q=0.5"), ("video", "evs q=0.75"),
+    ("image_video", "vidcom2 q=0.75"), ("two_videos", "evs q=0.5"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=list(PAIR_LAYOUTS))
+def pair_layout(request, files, tmp_path_factory) -> dict:
+    checkpoint, encoder_args, env = PAIR_LAYOUTS[request.param]
+    model_dir = request.getfixturevalue(checkpoint)
+    folder = tmp_path_factory.mktemp(f"epd_{request.param}")
+    encoder = Launch(model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only", *encoder_args], env)
+    single = Launch(model_dir, folder / "single.log", SERVER_ARGS, env)
+    all_cases, out = cases(files), {"pair": [], "single": []}
+    with running_servers(encoder, single) as (encoder_server, single_server):
+        language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", encoder_server.base_url]
+        with running_server(model_dir, folder / "language.log", language_args, env) as language:
+            for case, setting in LAYOUT_REQUESTS:
+                out["pair"].append(ask(language.base_url, all_cases[case], SETTINGS[setting]))
+                out["single"].append(ask(single_server.base_url, all_cases[case], SETTINGS[setting]))
+        if "--enable-metrics" in encoder_args:
+            metrics = requests.get(f"{encoder_server.base_url}/metrics", timeout=30).text
+            out["video_cache_hit_tokens"] = sum(
+                float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                if line.startswith("sglang:encoder_cache_hit_tokens_total") and 'modality="video"' in line
+            )  # fmt: skip
+    return out
+
+
+def test_other_families_and_encoder_layouts_serve_as_one_server(pair_layout):
+    for (case, setting), got, want in zip(LAYOUT_REQUESTS, pair_layout["pair"], pair_layout["single"], strict=True):
+        assert_same(got, want, f"{case} {setting}")
+    by_request = dict(zip(LAYOUT_REQUESTS, pair_layout["pair"], strict=True))
+    video_tokens = [by_request["video", setting].prompt_tokens for setting in ("q=0", "evs q=0.5", "evs q=0.75")]
+    assert video_tokens == sorted(video_tokens, reverse=True) and len(set(video_tokens)) == 3
+    if "video_cache_hit_tokens" in pair_layout:  # the repeats of the video came from the encoder's cache
+        assert pair_layout["video_cache_hit_tokens"] >= 3 * 400, pair_layout["video_cache_hit_tokens"]
