@@ -9,7 +9,7 @@ import pytest
 
 from sglang_evs.methods import EVS, VIDCOM2
 from sglang_evs.plugin import carry_chat_pruning_setting
-from sglang_evs.pruning.disaggregated import carry_pruning_to_encoders
+from sglang_evs.pruning.disaggregated import ASKED, carry_pruning_to_encoders
 from sglang_evs.pruning.settings import (
     NO_PRUNING,
     Pruning,
@@ -26,7 +26,7 @@ def config(**settings) -> SimpleNamespace:
 
 
 def request(**kwargs) -> SimpleNamespace:
-    return SimpleNamespace(mm_processor_kwargs=kwargs or None)
+    return generate_request(kwargs or None)
 
 
 @pytest.mark.parametrize(
@@ -146,29 +146,35 @@ def language_server(default: dict | None = None, transport: str = "auto") -> Sim
     )
 
 
+def generate_request(mm_processor_kwargs, sampling_params=None) -> SimpleNamespace:
+    """The fields of SGLang's GenerateReqInput the language server's dispatch hook reads and writes."""
+    return SimpleNamespace(mm_processor_kwargs=mm_processor_kwargs, sampling_params=sampling_params)
+
+
 def test_a_language_server_resolves_each_requests_pruning_before_dispatching_it_to_an_encoder():
     tokenizer_manager = language_server({"video_pruning_rate": 0.5})
-    asks = SimpleNamespace(mm_processor_kwargs={"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75})
+    asks = generate_request({"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75})
     carry_pruning_to_encoders(tokenizer_manager, asks)
     assert asks.mm_processor_kwargs == {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75}
-    default = SimpleNamespace(mm_processor_kwargs=None)  # the language server's default, named
+    assert asks.sampling_params["custom_params"][ASKED] == asks.mm_processor_kwargs  # for the language scheduler
+    default = generate_request(None)  # the language server's default, named
     carry_pruning_to_encoders(tokenizer_manager, default)
     assert default.mm_processor_kwargs == {"video_pruning_method": "evs", "video_pruning_rate": 0.5}
-    batch = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.5}])
+    batch = generate_request([None, {"video_pruning_rate": 0.5}])
     carry_pruning_to_encoders(tokenizer_manager, batch)
     assert [kw["video_pruning_rate"] for kw in batch.mm_processor_kwargs] == [0.5, 0.5]
-    mixed = SimpleNamespace(mm_processor_kwargs=[None, {"video_pruning_rate": 0.25}])
+    mixed = generate_request([None, {"video_pruning_rate": 0.25}])
     with pytest.raises(ValueError, match="one video_pruning_method and video_pruning_rate for all its prompts"):
         carry_pruning_to_encoders(tokenizer_manager, mixed)  # its media go to the encoders as one request
     with pytest.raises(ValueError, match="video_pruning_rate"):  # SGLang's HTTP 400, before anything is sent
-        carry_pruning_to_encoders(tokenizer_manager, SimpleNamespace(mm_processor_kwargs={"video_pruning_rate": 1.5}))
+        carry_pruning_to_encoders(tokenizer_manager, generate_request({"video_pruning_rate": 1.5}))
 
 
 def test_a_transport_that_cannot_carry_the_records_refuses_a_pruning_request():
     tokenizer_manager = language_server(transport="mooncake")
     with pytest.raises(ValueError, match=r"video_pruning_rate=0.75.*--encoder-transfer-backend mooncake"):
-        carry_pruning_to_encoders(tokenizer_manager, SimpleNamespace(mm_processor_kwargs={"video_pruning_rate": 0.75}))
-    carry_pruning_to_encoders(tokenizer_manager, SimpleNamespace(mm_processor_kwargs=None))  # q = 0 serves
+        carry_pruning_to_encoders(tokenizer_manager, generate_request({"video_pruning_rate": 0.75}))
+    carry_pruning_to_encoders(tokenizer_manager, generate_request(None))  # q = 0 serves
 
 
 def test_the_server_default_is_evs_at_the_rate_given():
@@ -227,19 +233,19 @@ def _chat_serving(architecture: str) -> SimpleNamespace:
 def test_the_chat_hook_hands_the_setting_to_the_generate_request():
     serving = _chat_serving("Qwen3VLForConditionalGeneration")
     chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75})
-    generate = SimpleNamespace(mm_processor_kwargs=None)
+    generate = generate_request(None)
     result = (generate, chat)
     assert carry_chat_pruning_setting(result, serving, chat, None) is result
     assert request_pruning(generate, server_pruning(config())).rate == 0.75
     with pytest.raises(ValueError, match="video_pruning_rate must be a number in"):
         bad = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 1.5})
-        fresh = SimpleNamespace(mm_processor_kwargs=None)
+        fresh = generate_request(None)
         request_pruning(carry_chat_pruning_setting((fresh, bad), serving, bad)[0], server_pruning(config()))
 
 
 def test_the_chat_hook_leaves_another_models_request_as_sent():
     """A model the plugin does not prune gets its chat request converted exactly as SGLang converts it."""
     chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75})
-    generate = SimpleNamespace(mm_processor_kwargs={"fps": 2})
+    generate = generate_request({"fps": 2})
     carry_chat_pruning_setting((generate, chat), _chat_serving("Gemma3ForConditionalGeneration"), chat, None)
     assert generate.mm_processor_kwargs == {"fps": 2}
