@@ -82,3 +82,12 @@ def test_opt_out_switch_disables_everything():
     )
     assert done.returncode == 0 and done.stdout.startswith("["), done.stderr[-3000:]  # the probe ran
     assert "CpuImportFixes" not in done.stdout
+
+
+
+def test_a_cpu_server_forks_its_scheduler_and_detokenizer(tiny_server):
+    """SGLang starts them by `spawn`, and each imports SGLang's model registry again, which logs the models
+    it cannot import (here: grok, whose kernel the CPU stand-in lacks) once per importing process. On the
+    CPU route they are forked from the launcher, which imported it already: the line appears once."""
+    line = "Ignore import error when loading sglang.srt.models.grok"
+    assert tiny_server.log().count(line) == 1, tiny_server.log()[-3000:]

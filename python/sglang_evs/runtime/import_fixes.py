@@ -27,11 +27,15 @@
 9. Qwen4-Exp's sparse-attention indexer (QSA): `qsa.qsa_indexer.QSAIndexer` gains `forward_cpu` and
    `forward_native` (its portable `_forward_impl`; SGLang takes `forward_cpu` only on AMX CPUs), and
    `qsa.kernel` / `qsa.metadata` a pure-torch `gather_qsa_compressed_keys` for the Triton kernel (`runtime/qsa.py`).
+10. `sglang.srt.entrypoints.engine` starts its scheduler and detokenizer processes by `spawn` (a CUDA
+    process cannot fork): each imported SGLang again, about 4 s of the 2-core machine's 15 s server start.
+    With no CUDA to protect they are forked from the launching process, which has imported it already.
 """
 
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import multiprocessing
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -119,6 +123,17 @@ def _qsa_indexer_on_cpu(module: ModuleType) -> None:
     install_indexer(module)
 
 
+def _fork_server_processes(module: ModuleType) -> None:
+    set_envs_and_config = module._set_envs_and_config
+
+    def then_fork(*args, **kwargs):
+        result = set_envs_and_config(*args, **kwargs)
+        multiprocessing.set_start_method("fork", force=True)
+        return result
+
+    module._set_envs_and_config = then_fork
+
+
 def _qsa_gather_on_cpu(module: ModuleType) -> None:
     from sglang_evs.runtime.qsa import install_gather
 
@@ -138,6 +153,7 @@ SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.layers.attention.qsa.kernel": _qsa_gather_on_cpu,
     "sglang.srt.layers.attention.qsa.metadata": _qsa_gather_on_cpu,
     "sglang.srt.layers.attention.qsa.qsa_indexer": _qsa_indexer_on_cpu,
+    "sglang.srt.entrypoints.engine": _fork_server_processes,
 }
 
 
