@@ -3,25 +3,39 @@ servers get ports nobody races for."""
 
 import os
 import sys
+from types import SimpleNamespace
 
 from sglang_evs.runtime import rank_binding
 from sglang_evs.testing import server
 
 
+def capture_warm_starts(monkeypatch) -> dict:
+    seen: dict = {}
+
+    def start(module, argv, env, log, cores):
+        seen.update(module=module, argv=argv, env=env, cores=cores)
+        return SimpleNamespace()
+
+    monkeypatch.setattr(server.warm_start, "start", start)
+    return seen
+
+
 def test_start_server_hands_the_binding_to_the_server(monkeypatch, tmp_path):
-    seen = {}
+    warm = capture_warm_starts(monkeypatch)
+    cold = {}
 
     class Popen:
         def __init__(self, cmd, env, **kwargs):
-            seen.update(cmd=cmd, env=env)
+            cold.update(cmd=cmd, env=env)
 
     monkeypatch.setattr(server.subprocess, "Popen", Popen)
     monkeypatch.setattr(rank_binding.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv(rank_binding.THREADS_BIND_ENV, raising=False)
     server.start_server(tmp_path, tmp_path / "log", ["--dp-size", "2"], port=1)
-    assert seen["env"][rank_binding.THREADS_BIND_ENV] == "0|1"
+    assert warm["env"][rank_binding.THREADS_BIND_ENV] == "0|1"
+    assert warm["module"] == "sglang.launch_server" and warm["argv"][:2] == ["--model-path", str(tmp_path)]
     server.start_server(tmp_path, tmp_path / "log", ["--tp-size", "2"], port=1, cpu=False)
-    assert rank_binding.THREADS_BIND_ENV not in seen["env"]
+    assert rank_binding.THREADS_BIND_ENV not in cold["env"]
 
 
 def test_a_server_given_cores_runs_only_on_them_with_as_many_torch_threads(monkeypatch, tmp_path):
@@ -31,15 +45,24 @@ def test_a_server_given_cores_runs_only_on_them_with_as_many_torch_threads(monke
     assert child.wait(timeout=60) == 0
     assert (tmp_path / "child.log").read_text().strip() == f"[{first_core}]"
 
-    seen = {}
-
-    def spawn(cmd, log_path, env=None, cores=None):
-        seen.update(env=env, cores=cores)
-        return child
-
-    monkeypatch.setattr(server, "spawn", spawn)
+    warm = capture_warm_starts(monkeypatch)
     server.start_server(tmp_path, tmp_path / "log", port=1, cores=[0, 1])
-    assert (seen["env"]["OMP_NUM_THREADS"], seen["cores"]) == ("2", [0, 1])
+    assert (warm["env"]["OMP_NUM_THREADS"], warm["cores"]) == ("2", [0, 1])
+
+
+def test_a_warm_start_runs_the_module_as_python_m_would_in_its_own_session(tmp_path):
+    """`python -m json.tool FILE` forked from a warm interpreter: its argv, its output in its log, its exit
+    status; an import-time variable gives another warm interpreter (every server stop signals the child's
+    own process group, which exists only if the child became a session leader)."""
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text('{"a": 1}')
+    bad.write_text("{")
+    env = {**os.environ, "SGLANG_EVS_TRACE": str(tmp_path / "unused.jsonl")}
+    ok = server.warm_start.start("json.tool", [str(good)], env, str(tmp_path / "ok.log"), None)
+    assert ok.wait(timeout=120) == 0 and '"a": 1' in (tmp_path / "ok.log").read_text()
+    failed = server.warm_start.start("json.tool", [str(bad)], env, str(tmp_path / "failed.log"), None)
+    assert failed.wait(timeout=60) == 1 and "Expecting" in (tmp_path / "failed.log").read_text()
+    assert len({server.warm_start.import_key(env), server.warm_start.import_key({**env, "OTHER": "1"})}) == 2
 
 
 def test_free_ports_are_distinct_and_out_of_the_ranges_others_pick_at_random():

@@ -29,13 +29,15 @@
    `qsa.kernel` / `qsa.metadata` a pure-torch `gather_qsa_compressed_keys` for the Triton kernel (`runtime/qsa.py`).
 10. `sglang.srt.entrypoints.engine` starts its scheduler and detokenizer processes by `spawn` (a CUDA
     process cannot fork): each imported SGLang again, about 4 s of the 2-core machine's 15 s server start.
-    With no CUDA to protect they are forked from the launching process, which has imported it already.
+    With no CUDA to protect they are forked from the launching process, which has imported it already;
+    each still loads SGLang's plugins itself, as a spawned one does.
 """
 
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import multiprocessing
+import os
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -129,9 +131,18 @@ def _fork_server_processes(module: ModuleType) -> None:
     def then_fork(*args, **kwargs):
         result = set_envs_and_config(*args, **kwargs)
         multiprocessing.set_start_method("fork", force=True)
+        os.register_at_fork(after_in_child=_load_plugins_again)
         return result
 
     module._set_envs_and_config = then_fork
+
+
+def _load_plugins_again() -> None:
+    """A forked server process loads SGLang's plugins as a spawned one does (SGLang calls `load_plugins`
+    early in each process; its flag, copied from the parent, would make that a no-op)."""
+    plugins = sys.modules.get("sglang.srt.plugins")
+    if plugins is not None:
+        plugins._plugins_loaded = False
 
 
 def _qsa_gather_on_cpu(module: ModuleType) -> None:

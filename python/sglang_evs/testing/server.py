@@ -18,6 +18,9 @@ import requests
 
 from sglang_evs.runtime.graph_mode import GRAPH_MODE_ENV
 from sglang_evs.runtime.rank_binding import cpu_rank_environment
+from sglang_evs.testing import warm_start
+
+COLD_START_ENV = "SGLANG_EVS_TEST_COLD_START"
 
 CPU_SERVER_ARGS = (
     "--device", "cpu",
@@ -99,7 +102,7 @@ def free_port() -> int:
 @dataclass
 class RunningServer:
     base_url: str
-    process: subprocess.Popen
+    process: subprocess.Popen | warm_start.WarmProcess
     log_path: Path
 
     def log(self) -> str:
@@ -109,7 +112,7 @@ class RunningServer:
         return self.process.poll() is None
 
 
-def stop(process: subprocess.Popen) -> None:
+def stop(process: subprocess.Popen | warm_start.WarmProcess) -> None:
     if process.poll() is not None:
         return
     # SIGINT: SGLang's server stops in well under a second (SIGTERM: about 6 s, measured on 0.5.23).
@@ -137,7 +140,9 @@ def start_server(
     cores of its own, as a GPU worker has its own GPU); None: every core this process may use.
     `launcher`: the module run with `python -m` (`sglang_evs.launch_server` takes vLLM's pruning flags).
     `graph_mode`: a CPU server resolves and captures CUDA graphs as a CUDA server does, SGLang's own
-    decode and prefill graph runners replaying on CPU stand-ins (`runtime/graph_mode.py`)."""
+    decode and prefill graph runners replaying on CPU stand-ins (`runtime/graph_mode.py`).
+    A CPU server is forked from a warm interpreter with SGLang imported (`warm_start`; `COLD_START_ENV=1`:
+    a fresh `python -m` process instead)."""
     port = port or free_port()
     # SGLang picks its torch.distributed port at random from one range in every server; servers started
     # together have drawn the same one (EADDRINUSE at startup): each gets its own from this process. Not
@@ -153,7 +158,11 @@ def start_server(
     environment = server_environment(cpu, {**(env or {}), **graph_mode_env(graph_mode)}, server_args=extra_args)
     if cores is not None:
         environment["OMP_NUM_THREADS"] = str(len(cores))
-    process = spawn(cmd, log_path, environment, cores)
+    if cpu and os.environ.get(COLD_START_ENV) != "1":
+        pinned = None if cores is None else list(cores)
+        process = warm_start.start(launcher, cmd[3:], environment, str(log_path), pinned)
+    else:
+        process = spawn(cmd, log_path, environment, cores)
     process.port = port  # type: ignore[attr-defined]
     return process
 
@@ -180,7 +189,7 @@ def spawn(
 
 def wait_ready(
     is_ready: Callable[[], bool], process: subprocess.Popen, log_path: str | Path, what: str, timeout: float,
-    interval: float = 1.0,
+    interval: float = 0.25,
 ) -> None:  # fmt: skip
     """Poll `is_ready` (a request error counts as not yet) until it holds; a RuntimeError with the log's
     tail if `process` exits first, a TimeoutError after `timeout` seconds."""

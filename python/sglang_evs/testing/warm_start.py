@@ -1,0 +1,173 @@
+"""CPU servers forked from a warm interpreter that has imported SGLang already.
+
+A tiny CPU server spends about 6 s of its 10 s start importing SGLang (`python -m sglang.launch_server`),
+and a test session starts over a hundred. A `WarmStarter` is one long-lived interpreter, per environment
+that matters at import time, which imports the launcher's modules once and then forks one child per server:
+the child takes its own session, environment, cores and log, and runs the launcher module as
+`python -m` would (`runpy`, `__main__`). Nothing of SGLang's is called before the fork: the child loads
+the plugins (or not: `SGLANG_PLUGINS=none`) and starts the server as a fresh process does.
+
+Protocol: one JSON line per request on the warm interpreter's stdin, one JSON line back on its stdout.
+  {"start": {"module", "argv", "env", "log", "cores"}} -> {"pid": N}
+  {"poll": N} -> {"returncode": int | None}   (only the warm interpreter can wait for its children)
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+
+# Read while a server runs, not when SGLang is imported: servers that differ only in these share one
+# warm interpreter. Any other difference in the environment gets a warm interpreter of its own.
+RUNTIME_ENV = frozenset({
+    "SGLANG_PLUGINS", "SGLANG_EVS_TRACE", "SGLANG_EVS_TRACE_POSITIONS", "OMP_NUM_THREADS",
+    "SGLANG_CPU_OMP_THREADS_BIND", "SGLANG_EVS_TEST_PERTURB_MASKS", "SGLANG_EVS_ENCODER_PATCH_BUDGET",
+})  # fmt: skip
+PRELOAD = ("sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang_evs.launch_server")
+
+
+class WarmProcess:
+    """What the tests use of `subprocess.Popen` for a server forked by a `WarmStarter`."""
+
+    def __init__(self, starter: WarmStarter, pid: int) -> None:
+        self.starter, self.pid, self.returncode = starter, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.starter.poll(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"server pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode  # type: ignore[return-value]
+
+
+class WarmStarter:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.lock = threading.Lock()
+        self._ask({"ready": True})
+
+    def _ask(self, request: dict) -> dict:
+        with self.lock:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the warm interpreter exited ({self.process.poll()})")
+        return json.loads(line)
+
+    def start(self, module: str, argv: Sequence[str], env: dict[str, str], log: str, cores) -> WarmProcess:
+        request = {"module": module, "argv": list(argv), "env": env, "log": str(log), "cores": cores}
+        return WarmProcess(self, self._ask({"start": request})["pid"])
+
+    def poll(self, pid: int) -> int | None:
+        return self._ask({"poll": pid})["returncode"]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait(timeout=30)
+
+
+_starters: dict[tuple, WarmStarter] = {}
+
+
+def import_key(env: dict[str, str]) -> tuple:
+    return tuple(sorted((key, value) for key, value in env.items() if key not in RUNTIME_ENV))
+
+
+def start(module: str, argv: Sequence[str], env: dict[str, str], log: str, cores) -> WarmProcess:
+    """`python -m module *argv` with `env`, output to `log`, on `cores` (None: any), forked from the warm
+    interpreter for `env` (started on first use, one per import-time environment)."""
+    key = import_key(env)
+    if key not in _starters:
+        _starters[key] = WarmStarter({k: v for k, v in env.items() if k not in RUNTIME_ENV})
+    return _starters[key].start(module, argv, env, log, cores)
+
+
+@atexit.register
+def _close_all() -> None:
+    for starter in _starters.values():
+        starter.close()
+
+
+# --- the warm interpreter ------------------------------------------------------------------------------
+
+
+def _run_child(request: dict) -> None:
+    """In the forked child: become the server process `request` describes, and never return."""
+    code = 1
+    try:
+        os.setsid()
+        if request["cores"] is not None:
+            os.sched_setaffinity(0, request["cores"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if "OMP_NUM_THREADS" in request["env"]:
+            import torch
+
+            torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        import runpy
+
+        sys.argv = [request["module"], *request["argv"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exit_:  # as the interpreter does: an int is the status, anything else is printed
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if not isinstance(exit_.code, int | None):
+            print(exit_.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the child's last words go to its log
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _serve() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    out = sys.stdout
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "start" in request:
+            out.flush()
+            pid = os.fork()
+            if pid == 0:
+                _run_child(request["start"])
+            reply: dict = {"pid": pid}
+        elif "poll" in request:
+            done, status = os.waitpid(request["poll"], os.WNOHANG)
+            reply = {"returncode": os.waitstatus_to_exitcode(status) if done else None}
+        else:
+            reply = {"ready": True}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    _serve()
