@@ -52,6 +52,9 @@ NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2",
 NEXTN_THREE_STEPS = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
                      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")  # fmt: skip
 CHUNK = 29
+# The graph-mode servers serve one request at a time: decode and verify graphs for batches of up to 4 (SGLang
+# captures 19 sizes by default, about 30 s of a tiny speculating server's start on 2 cores).
+GRAPH_BATCHES = ("--cuda-graph-max-bs-decode", "4")
 # Gated DeltaNet conv states in float32 (SGLang's default rounds them to bfloat16 between steps, which
 # a verify over three draft tokens does not: ~1e-3 apart in logprobs).
 HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
@@ -154,10 +157,10 @@ def qwen3_5_launches(dense: Path, moe: Path, out: Path) -> tuple[Launch, ...]:
         Launch(dense, out / "upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
         Launch(moe, out / "moe-speculating.log", [*args, *NEXTN_THREE_STEPS], HYBRID_ENV),
         Launch(moe, out / "moe-plain.log", args, HYBRID_ENV),
-        Launch(dense, out / "graphs.log", [*args, *NEXTN], {**HYBRID_ENV, **traced(out / "graphs-trace.jsonl")},
-               graph_mode=True),
-        Launch(dense, out / "graphs-upstream.log", [*args, *NEXTN], {**HYBRID_ENV, "SGLANG_PLUGINS": "none"},
-               graph_mode=True),
+        Launch(dense, out / "graphs.log", [*args, *NEXTN, *GRAPH_BATCHES],
+               {**HYBRID_ENV, **traced(out / "graphs-trace.jsonl")}, graph_mode=True),
+        Launch(dense, out / "graphs-upstream.log", [*args, *NEXTN, *GRAPH_BATCHES],
+               {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}, graph_mode=True),
     )  # fmt: skip
 
 
@@ -430,8 +433,8 @@ def eagle3_launches(model: Path, draft: Path, blind_draft: Path, out: Path) -> t
         Launch(model, out / "plain.log", args),
         Launch(model, out / "upstream.log", [*args, *eagle3_flags(draft)], {"SGLANG_PLUGINS": "none"}),
         Launch(model, out / "blind.log", [*args, *eagle3_flags(blind_draft)]),
-        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft)], traced(out / "graphs-trace.jsonl"),
-               graph_mode=True),
+        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft), *GRAPH_BATCHES],
+               traced(out / "graphs-trace.jsonl"), graph_mode=True),
     )  # fmt: skip
 
 

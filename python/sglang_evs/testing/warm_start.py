@@ -54,10 +54,14 @@ class WarmProcess:
 
 
 class WarmStarter:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+    def __init__(self, env: dict[str, str], log_path: str) -> None:
+        """`log_path`: the warm interpreter's own output (SGLang's import-time warnings, its errors)."""
+        self.log_path = log_path
+        with open(log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", __name__], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, text=True,
+            )  # fmt: skip
         self.lock = threading.Lock()
         self._ask({"ready": True})
 
@@ -67,7 +71,8 @@ class WarmStarter:
             self.process.stdin.flush()
             line = self.process.stdout.readline()
         if not line:
-            raise RuntimeError(f"the warm interpreter exited ({self.process.poll()})")
+            with open(self.log_path, errors="replace") as log:
+                raise RuntimeError(f"the warm interpreter exited ({self.process.poll()}):\n{log.read()[-4000:]}")
         return json.loads(line)
 
     def start(self, module: str, argv: Sequence[str], env: dict[str, str], log: str, cores) -> WarmProcess:
@@ -95,7 +100,8 @@ def start(module: str, argv: Sequence[str], env: dict[str, str], log: str, cores
     interpreter for `env` (started on first use, one per import-time environment)."""
     key = import_key(env)
     if key not in _starters:
-        _starters[key] = WarmStarter({k: v for k, v in env.items() if k not in RUNTIME_ENV})
+        own_log = f"{log}.warm-start-{len(_starters)}.log"
+        _starters[key] = WarmStarter({k: v for k, v in env.items() if k not in RUNTIME_ENV}, own_log)
     return _starters[key].start(module, argv, env, log, cores)
 
 
