@@ -50,21 +50,6 @@ def test_a_server_given_cores_runs_only_on_them_with_as_many_torch_threads(monke
     assert (warm["env"]["OMP_NUM_THREADS"], warm["cores"]) == ("2", [0, 1])
 
 
-def test_a_warm_start_runs_the_module_as_python_m_would_in_its_own_session(tmp_path):
-    """`python -m json.tool FILE` forked from a warm interpreter: its argv, its output in its log, its exit
-    status; an import-time variable gives another warm interpreter (every server stop signals the child's
-    own process group, which exists only if the child became a session leader)."""
-    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
-    good.write_text('{"a": 1}')
-    bad.write_text("{")
-    env = {**os.environ, "SGLANG_EVS_TRACE": str(tmp_path / "unused.jsonl")}
-    ok = server.warm_start.start("json.tool", [str(good)], env, str(tmp_path / "ok.log"), None)
-    assert ok.wait(timeout=120) == 0 and '"a": 1' in (tmp_path / "ok.log").read_text()
-    failed = server.warm_start.start("json.tool", [str(bad)], env, str(tmp_path / "failed.log"), None)
-    assert failed.wait(timeout=60) == 1 and "Expecting" in (tmp_path / "failed.log").read_text()
-    assert len({server.warm_start.import_key(env), server.warm_start.import_key({**env, "OTHER": "1"})}) == 2
-
-
 def test_free_ports_are_distinct_and_out_of_the_ranges_others_pick_at_random():
     ephemeral_low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     ports = [server.free_port() for _ in range(50)]
