@@ -52,9 +52,9 @@ NEXTN = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2",
 NEXTN_THREE_STEPS = ("--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
                      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")  # fmt: skip
 CHUNK = 29
-# The graph-mode servers serve one request at a time: decode and verify graphs for batches of up to 4 (SGLang
-# captures 19 sizes by default, about 30 s of a tiny speculating server's start on 2 cores).
-GRAPH_BATCHES = ("--cuda-graph-max-bs-decode", "4")
+# The graph-mode servers serve one request at a time: decode and verify graphs for batches of 1, 2 and 4 (SGLang
+# captures 19 sizes by default, 20-30 s of a tiny speculating server's start on 2 cores).
+GRAPH_BATCHES = ("--cuda-graph-bs-decode", "1", "2", "4")
 # Gated DeltaNet conv states in float32 (SGLang's default rounds them to bfloat16 between steps, which
 # a verify over three draft tokens does not: ~1e-3 apart in logprobs).
 HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
