@@ -206,9 +206,18 @@ def wait_ready(
     raise TimeoutError(f"{what} not ready after {timeout}s:\n{Path(log_path).read_text()[-4000:]}")
 
 
-def wait_healthy(base_url: str, process: subprocess.Popen, log_path: Path, timeout: float = 240) -> None:
+READY_LINE = "The server is fired up and ready to roll!"  # SGLang logs it once its warm-up request was served
+
+
+def wait_healthy(base_url: str, process, log_path: Path, timeout: float = 240, encoder_only: bool = False) -> None:
+    """Until the server has served SGLang's own warm-up request (its log says so); an `--encoder-only`
+    server, which has no warm-up, until /health_generate answers (each call of which waits a second)."""
+
     def healthy() -> bool:
-        return requests.get(f"{base_url}/health_generate", timeout=10).status_code == 200
+        if encoder_only:
+            return requests.get(f"{base_url}/health_generate", timeout=10).status_code == 200
+        log = Path(log_path)
+        return log.exists() and READY_LINE in log.read_text(errors="replace")
 
     wait_ready(healthy, process, log_path, "server", timeout)
 
@@ -251,7 +260,8 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
         servers = []
         for launch, process in zip(launches, processes, strict=True):
             base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
-            wait_healthy(base_url, process, Path(launch.log_path), timeout)
+            encoder_only = "--encoder-only" in launch.extra_args
+            wait_healthy(base_url, process, Path(launch.log_path), timeout, encoder_only)
             servers.append(RunningServer(base_url, process, Path(launch.log_path)))
         yield servers
     finally:

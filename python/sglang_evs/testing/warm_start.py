@@ -152,6 +152,13 @@ def _run_child(request: dict) -> None:
             os._exit(code)
 
 
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:  # exited already
+        return None
+
+
 def _serve() -> None:
     import importlib
 
@@ -165,6 +172,8 @@ def _serve() -> None:
             pid = os.fork()
             if pid == 0:
                 _run_child(request["start"])
+            while _session_of(pid) not in (pid, None):  # the caller may signal its group from now on
+                time.sleep(0.001)
             reply: dict = {"pid": pid}
         elif "poll" in request:
             done, status = os.waitpid(request["poll"], os.WNOHANG)
