@@ -18,3 +18,22 @@ def test_a_warm_start_runs_the_module_as_python_m_would_in_its_own_session(tmp_p
     failed = warm_start.start("json.tool", [str(bad)], env, str(tmp_path / "failed.log"), None)
     assert failed.wait(timeout=60) == 1 and "Expecting" in (tmp_path / "failed.log").read_text()
     assert len({warm_start.import_key(env), warm_start.import_key({**env, "OTHER": "1"})}) == 2
+
+
+def test_the_test_name_pytest_sets_does_not_count_and_idle_warm_interpreters_are_closed(tmp_path):
+    """pytest names the running test in the environment: servers of different tests share a warm
+    interpreter. Once more import-time environments than `KEPT_IDLE` were used, the oldest idle ones close."""
+    base = {**os.environ, "PYTEST_CURRENT_TEST": "a"}
+    assert warm_start.import_key(base) == warm_start.import_key({**base, "PYTEST_CURRENT_TEST": "b"})
+    good = tmp_path / "good.json"
+    good.write_text("{}")
+    started = [
+        warm_start.start("json.tool", [str(good)], {**base, "WARM_TEST_KEY": str(i)}, str(tmp_path / f"{i}.log"), None)
+        for i in range(warm_start.KEPT_IDLE + 2)
+    ]
+    for process in started:
+        assert process.wait(timeout=120) == 0
+    warm_start.start("json.tool", [str(good)], {**base, "WARM_TEST_KEY": "last"}, str(tmp_path / "last.log"), None)
+    keys = [dict(key).get("WARM_TEST_KEY") for key in warm_start._starters]
+    assert len([key for key in keys if key is not None]) <= warm_start.KEPT_IDLE + 1
+    assert started[0].starter.process.poll() is not None  # the oldest idle one was closed

@@ -27,9 +27,11 @@ from collections.abc import Sequence
 # Read while a server runs, not when SGLang is imported: servers that differ only in these share one
 # warm interpreter. Any other difference in the environment gets a warm interpreter of its own.
 RUNTIME_ENV = frozenset({
+    "PYTEST_CURRENT_TEST",  # pytest's, different in every test
     "SGLANG_PLUGINS", "SGLANG_EVS_TRACE", "SGLANG_EVS_TRACE_POSITIONS", "OMP_NUM_THREADS",
     "SGLANG_CPU_OMP_THREADS_BIND", "SGLANG_EVS_TEST_PERTURB_MASKS", "SGLANG_EVS_ENCODER_PATCH_BUDGET",
 })  # fmt: skip
+KEPT_IDLE = 2  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
 PRELOAD = ("sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang_evs.launch_server")
 
 
@@ -38,6 +40,7 @@ class WarmProcess:
 
     def __init__(self, starter: WarmStarter, pid: int) -> None:
         self.starter, self.pid, self.returncode = starter, pid, None
+        starter.children.append(self)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -63,7 +66,11 @@ class WarmStarter:
                 stderr=log, text=True,
             )  # fmt: skip
         self.lock = threading.Lock()
+        self.children: list[WarmProcess] = []
         self._ask({"ready": True})
+
+    def idle(self) -> bool:
+        return all(child.poll() is not None for child in self.children)
 
     def _ask(self, request: dict) -> dict:
         with self.lock:
@@ -100,8 +107,11 @@ def start(module: str, argv: Sequence[str], env: dict[str, str], log: str, cores
     interpreter for `env` (started on first use, one per import-time environment)."""
     key = import_key(env)
     if key not in _starters:
-        own_log = f"{log}.warm-start-{len(_starters)}.log"
-        _starters[key] = WarmStarter({k: v for k, v in env.items() if k not in RUNTIME_ENV}, own_log)
+        idle = [other for other, starter in _starters.items() if starter.idle()]
+        for other in idle[: max(0, len(idle) - KEPT_IDLE + 1)]:  # the oldest idle ones go
+            _starters.pop(other).close()
+        _starters[key] = WarmStarter({k: v for k, v in env.items() if k not in RUNTIME_ENV}, f"{log}.warm-start.log")
+    _starters[key] = _starters.pop(key)  # the most recently used last
     return _starters[key].start(module, argv, env, log, cores)
 
 
