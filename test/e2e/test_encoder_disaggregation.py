@@ -151,8 +151,11 @@ def served(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict:
             out["after_bad"] = ask(language.base_url, all_cases["video"], SETTINGS["evs q=0.75"])
 
             with ThreadPoolExecutor(len(files["burst"])) as pool:
+                encoded_before = len(trace.read(traces[1], "encoder_pruned"))
                 burst = [pool.submit(burst_one, language.base_url, clip) for clip in files["burst"]]
-                time.sleep(0.5)
+                deadline = time.monotonic() + 30  # killed once it has encoded one: the rest are in flight
+                while len(trace.read(traces[1], "encoder_pruned")) == encoded_before and time.monotonic() < deadline:
+                    time.sleep(0.02)
                 os.killpg(os.getpgid(encoder2.process.pid), signal.SIGKILL)
                 out["burst"] = [future.result(timeout=300) for future in burst]
             out["language_alive"] = language.alive()
