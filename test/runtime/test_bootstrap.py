@@ -84,7 +84,6 @@ def test_opt_out_switch_disables_everything():
     assert "CpuImportFixes" not in done.stdout
 
 
-
 def test_a_cpu_server_forks_its_scheduler_and_detokenizer(tiny_server):
     """SGLang starts them by `spawn`, and each imports SGLang's model registry again, which logs the models
     it cannot import (here: grok, whose kernel the CPU stand-in lacks) once per importing process. On the
