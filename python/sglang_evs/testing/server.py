@@ -149,8 +149,7 @@ def start_server(
     # with data-parallel replicas: given one port, every replica's group would bind it.
     own_port = not {"--nccl-port", "--dp-size"} & set(extra_args)
     nccl_port = ("--nccl-port", str(free_port())) if own_port else ()
-    cmd = [
-        sys.executable, "-m", launcher,
+    args = [
         "--model-path", str(model_path),
         "--host", "127.0.0.1", "--port", str(port), *nccl_port,
         *(cpu_server_args(model_path) if cpu else ()), *extra_args,
@@ -160,9 +159,9 @@ def start_server(
         environment["OMP_NUM_THREADS"] = str(len(cores))
     if cpu and os.environ.get(COLD_START_ENV) != "1":
         pinned = None if cores is None else list(cores)
-        process = warm_start.start(launcher, cmd[3:], environment, str(log_path), pinned)
+        process = warm_start.start(launcher, args, environment, str(log_path), pinned)
     else:
-        process = spawn(cmd, log_path, environment, cores)
+        process = spawn([sys.executable, "-m", launcher, *args], log_path, environment, cores)
     process.port = port  # type: ignore[attr-defined]
     return process
 

@@ -110,7 +110,7 @@ def start(module: str, argv: Sequence[str], env: dict[str, str], log: str, cores
         idle = [other for other, starter in _starters.items() if starter.idle()]
         for other in idle[: max(0, len(idle) - KEPT_IDLE + 1)]:  # the oldest idle ones go
             _starters.pop(other).close()
-        _starters[key] = WarmStarter({k: v for k, v in env.items() if k not in RUNTIME_ENV}, f"{log}.warm-start.log")
+        _starters[key] = WarmStarter(dict(key), f"{log}.warm-start.log")  # its environment: the key itself
     _starters[key] = _starters.pop(key)  # the most recently used last
     return _starters[key].start(module, argv, env, log, cores)
 
