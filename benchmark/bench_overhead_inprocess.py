@@ -20,7 +20,7 @@ from pathlib import Path  # noqa: E402
 
 from sglang_evs.bench.inprocess import Settings, measure, report_text  # noqa: E402
 from sglang_evs.bench.sweep import cached_model  # noqa: E402
-from sglang_evs.testing.tiny_model import PROFILES  # noqa: E402
+from sglang_evs.testing.tiny_core import PROFILES  # noqa: E402
 
 # One torch thread: on the 2-core machine with other work beside it, a forward on two OpenMP threads
 # stalls whenever another process takes one core, and the per-pair ratios spread by tens of per cent;

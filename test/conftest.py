@@ -5,7 +5,6 @@ The test command (scripts/run_tests.sh) exports the CPU environment
 is active in this process and in every server it launches.
 """
 
-import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -15,13 +14,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
-
-
-def _source_hash(*paths: Path) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def load_benchmark(name: str) -> ModuleType:
@@ -49,8 +41,7 @@ def build_cached_model(
     from sglang_evs.testing import tiny_model
 
     architecture = architecture or tiny_model.DEFAULT_ARCHITECTURE
-    builders = sorted(Path(tiny_model.__file__).parent.glob("tiny_*.py"))  # the shared core and each family's
-    name = f"{architecture}-{profile}{'-' + variant if variant else ''}-{_source_hash(*builders)}"
+    name = f"{architecture}-{profile}{'-' + variant if variant else ''}-{tiny_model.builders_digest()}"
     out = CACHE / "models" / name
     if not out.exists():  # built aside and renamed, so an interrupted build leaves nothing half-written
         partial = out.with_name(out.name + f".partial-{os.getpid()}")

@@ -1,7 +1,7 @@
 """The benchmark profiles' cost proportions, from the FLOP counts."""
 
 from sglang_evs.bench.flops import QWEN3_VL_2B, language_flops_per_token, vision_flops_per_token, vision_over_language
-from sglang_evs.testing.tiny_model import PROFILES
+from sglang_evs.testing.tiny_core import PROFILES
 
 
 def test_language_flops_count_every_projection():

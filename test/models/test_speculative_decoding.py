@@ -13,7 +13,7 @@ On the CPU route, float32, with 29-token chunks (they cut inside every video and
   draft-decode, draft-extend and prefill graphs replay: the tokens of the same server in eager mode
   (logprobs within SPECULATION_TOLERANCE) with at least its acceptance, bit-identical to upstream in
   graph mode at q = 0, and the positions every replay read (the trace), against the rule.
-The checkpoints' MTP heads are made for drafts that are accepted (`testing/tiny_model.py`), so the
+The checkpoints' MTP heads are made for drafts that are accepted (`testing/tiny_qwen_vl.py`), so the
 draft really drafts: a head that failed to load would accept none.
 """
 

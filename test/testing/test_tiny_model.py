@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_evs.testing import tiny_model
+from sglang_evs.testing import tiny_core, tiny_model
 from sglang_evs.testing.requests import (
     AUDIO,
     GEMMA3_IMAGE,
@@ -338,12 +338,12 @@ def test_build_is_deterministic(tmp_path):
 
 
 def test_small_profile_language_model_dominates():
-    def params(p: tiny_model.Profile) -> tuple[int, int]:
+    def params(p: tiny_core.Profile) -> tuple[int, int]:
         per_layer = 4 * p.text_hidden * p.head_dim * p.text_heads + 3 * p.text_hidden * p.text_intermediate
         vision_layer = 4 * p.vision_hidden**2 + 2 * p.vision_hidden * p.vision_intermediate
         return p.text_layers * per_layer, p.vision_depth * vision_layer
 
-    text, vision = params(tiny_model.PROFILES["small"])
+    text, vision = params(tiny_core.PROFILES["small"])
     assert text > 100 * vision
 
 

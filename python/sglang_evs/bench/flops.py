@@ -2,10 +2,10 @@
 
 Attention scores are left out of both: the tower attends within a frame and the language model's
 share grows with the context, so the weights' GEMMs are the like-for-like part. The profiles of
-the random benchmark models are sized with these (`testing/tiny_model.PROFILES`).
+the random benchmark models are sized with these (`testing/tiny_core.PROFILES`).
 """
 
-from sglang_evs.testing.tiny_model import Profile
+from sglang_evs.testing.tiny_core import Profile
 
 # Qwen/Qwen3-VL-2B-Instruct's config.json (text_config, vision_config)
 QWEN3_VL_2B = Profile(text_hidden=2048, text_layers=28, text_heads=16, text_kv_heads=8, head_dim=128,

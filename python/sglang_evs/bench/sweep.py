@@ -29,18 +29,16 @@ from sglang_evs.bench.measure import DEFAULT_RATES
 from sglang_evs.bench.modes import compare_methods, lengths, load, overhead, paired, sweep
 from sglang_evs.bench.report import plot_lengths, plot_sweep, report
 from sglang_evs.methods import METHODS
-from sglang_evs.testing.tiny_model import PROFILES
+from sglang_evs.testing.tiny_core import PROFILES
 
 
 def cached_model(
     profile: str, architecture: str = "Qwen3VLForConditionalGeneration", cache: Path = Path(".cache/bench/models")
 ) -> Path:
     """Build (once per version of the builder) and return a tiny/small random checkpoint."""
-    import hashlib
-
     from sglang_evs.testing import tiny_model
 
-    digest = hashlib.sha256(Path(tiny_model.__file__).read_bytes()).hexdigest()[:12]
+    digest = tiny_model.builders_digest()
     prefix = "" if architecture == tiny_model.DEFAULT_ARCHITECTURE else f"{architecture}-"
     out = cache / f"{prefix}{profile}-{digest}"
     if not (out / "model.safetensors").exists():

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_evs.testing.tiny_model import Vocabulary, build_tokenizer
+from sglang_evs.testing.tiny_core import Vocabulary, build_tokenizer
 
 ARCHITECTURE = "NemotronH_Nano_VL_V2"
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_evs.testing.tiny_model import (
+from sglang_evs.testing.tiny_core import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     VISION_OUTPUT_GAIN,

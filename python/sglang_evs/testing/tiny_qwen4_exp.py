@@ -18,14 +18,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_evs.testing.tiny_model import (
+from sglang_evs.testing.tiny_core import (
     QWEN_VOCABULARY,
-    _merge,
-    _qwen3_vl_processor,
-    _token_id_fields,
-    _write_released_expert_layout,
     build_tokenizer,
+    merge,
+    qwen3_vl_processor,
+    qwen_token_id_fields,
     redraw_language_model,
+    write_released_expert_layout,
 )
 
 ARCHITECTURE = "Qwen4ExpForConditionalGeneration"
@@ -65,15 +65,15 @@ def build(out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None
     from safetensors.torch import load_file, save_file
 
     tokenizer = build_tokenizer(vocabulary=QWEN_VOCABULARY)
-    ids = _token_id_fields(tokenizer)
+    ids = qwen_token_id_fields(tokenizer)
     config = dict(
         architectures=[ARCHITECTURE], model_type="qwen4_exp", dtype="bfloat16",
         text_config={**TEXT, **ids.text}, vision_config=dict(VISION), **ids.top,
     )  # fmt: skip
-    config = _merge(config, config_overrides or {})
+    config = merge(config, config_overrides or {})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    drawn = transformers.Qwen4ExpConfig(**_merge(config, {"text_config": DRAW_INDEXER}))
+    drawn = transformers.Qwen4ExpConfig(**merge(config, {"text_config": DRAW_INDEXER}))
     torch.manual_seed(seed)
     model = transformers.Qwen4ExpForConditionalGeneration(drawn)
     redraw_language_model(model.model.language_model, model.lm_head)
@@ -82,8 +82,8 @@ def build(out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None
         weights = load_file(Path(drawn_dir) / "model.safetensors")
     kept = {name: value for name, value in weights.items() if ".indexer." not in name}
     save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
-    _write_released_expert_layout(out / "model.safetensors")
+    write_released_expert_layout(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=1))
     tokenizer.save_pretrained(out)
-    _qwen3_vl_processor(tokenizer).save_pretrained(out)
+    qwen3_vl_processor(tokenizer).save_pretrained(out)
     return out
