@@ -59,6 +59,10 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen3_5MoeLLMModel": "sglang.srt.models.qwen3_5:Qwen3_5MoeForCausalLM",
     "UpstreamQwen3_5MTP": "sglang.srt.models.qwen3_5_mtp:Qwen3_5ForCausalLMMTP",  # the NEXTN draft (dense, MoE)
     "UpstreamLlamaEagle3": "sglang.srt.models.llama_eagle3:LlamaForCausalLMEagle3",  # EAGLE3 drafts
+    # Qwen4-Exp (a Qwen3-VL on a hybrid language model with hyper-connections and per-layer embeddings)
+    "UpstreamQwen4Exp": "sglang.srt.models.qwen4_exp:Qwen4ExpForConditionalGeneration",
+    "UpstreamQwen4ExpVLModel": "sglang.srt.models.qwen4_exp:Qwen4ExpVLModel",
+    "LogitsProcessorOutput": "sglang.srt.layers.logits_processor:LogitsProcessorOutput",
     # Qwen2-VL, Qwen2.5-VL (both on SGLang's Qwen2 language model)
     "UpstreamQwen2VL": "sglang.srt.models.qwen2_vl:Qwen2VLForConditionalGeneration",
     "UpstreamQwen2_5_VL": "sglang.srt.models.qwen2_5_vl:Qwen2_5_VLForConditionalGeneration",

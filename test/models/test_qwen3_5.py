@@ -14,6 +14,7 @@ Qwen3.5 through the same mechanism as EVS: the plugin servers also answer reques
 
 import asyncio
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -43,12 +44,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
 from evs_oracle import keep_mask as evs_keep_mask  # noqa: E402  (the oracles written here)
 from test_evs_serving import (  # noqa: E402
+    MASK_TIE,
     HFReference,
+    assert_masks_agree_up_to_ties,
     assert_matches_hf,
-    assert_same_generation,
+    expected_positions,
     hf_greedy_on_kept,
+    rule_positions,
+    served_mask,
 )
 from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
+
+from conftest import assert_same_generation, load_in_transformers  # noqa: E402
 
 pytestmark = pytest.mark.slow  # ten servers, one after another
 
@@ -61,15 +68,53 @@ HYBRID_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 # torch-native attention and this project's Gated DeltaNet stand-ins vs transformers' modules).
 HF_LOGPROB_TOLERANCE = 1e-4  # measured on these prompts: up to 3.2e-6
 
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """An architecture of this module: its checkpoint's fixture and the dtype its servers and HF run in.
+
+    In float32 two ways of serving one request (chunks, batches, radix hits vs one prefill) and HF agree
+    on every token and to `tolerance` in logprobs, and the served keep-masks are the oracles' on HF's
+    features (EVS up to exact ties). In bfloat16 every one of them rounds otherwise: a near-tie may break
+    either way (compared up to it), HF follows the served tokens, and the masks agree up to bfloat16's
+    ties. Measured on Qwen4-Exp: chunks and batches vs one prefill up to 0.031 apart, served vs HF up to
+    0.032 (HF in bfloat16 vs float32: 0.027) and 0.20 once, one step after a near-tie; EVS masks differ
+    only on static cells scoring 0 or 0.0039 where the cut-off is 0.0039; VidCom2 masks share 97-98.5 %
+    of their rows (its per-frame budgets follow a softmax at temperature 0.01).
+    """
+
+    fixture: str
+    dtype: str = "float32"
+
+    @property
+    def bfloat16(self) -> bool:
+        return self.dtype == "bfloat16"
+
+    @property
+    def tolerance(self) -> float:
+        return 0.25 if self.bfloat16 else HF_LOGPROB_TOLERANCE
+
+    @property
+    def mask_tie(self) -> float:
+        return 0.01 if self.bfloat16 else MASK_TIE
+
+    @property
+    def vidcom2_overlap(self) -> float:
+        """The least share of the oracle's kept rows the served VidCom2 mask keeps too."""
+        return 0.95 if self.bfloat16 else 1.0
+
+
 ARCHITECTURES = {
-    "Qwen3_5ForConditionalGeneration": "tiny_qwen3_5_dir",
-    "Qwen3_5MoeForConditionalGeneration": "tiny_qwen3_5_moe_dir",
+    "Qwen3_5ForConditionalGeneration": Checkpoint("tiny_qwen3_5_dir"),
+    "Qwen3_5MoeForConditionalGeneration": Checkpoint("tiny_qwen3_5_moe_dir"),
+    # bfloat16 only: SGLang builds its n-gram embeddings and hyper-connections in bfloat16 whatever --dtype says
+    "Qwen4ExpForConditionalGeneration": Checkpoint("tiny_qwen4_exp_dir", "bfloat16"),
 }
 RATES = (0.0, 0.25, 0.5, 0.75, 0.9)
 ORACLE_RATES = (0.5, 0.75)
 GROUPS = 4  # a 16-frame 4 fps clip -> SGLang samples 8 frames -> 4 temporal groups
 CHUNK = 128  # above the image's prompt (80 tokens), below every video's
-SMALL_CHUNK = 33  # cuts inside groups and on framing tokens
+SMALL_CHUNK = 29  # cuts inside groups and on framing tokens
 VIDCOM2_RATES = (0.5, 0.75)
 BAD_RATES = (1.5, -0.5, "fast")
 COUNTS = ("video_tokens_before_pruning", "video_tokens_after_pruning")
@@ -98,6 +143,10 @@ def mixed_cases(clips: dict[str, Path], media_dir: Path) -> list[tuple[str, dict
         ),
         (chat_prompt(VIDEO, VIDEO), media_kwargs(videos=[clips["static"], clips["noise"]]), 0.0),
         (chat_prompt(text="Count the objects."), {}, 0.75),
+        (chat_prompt(VIDEO), media_kwargs(videos=[clips["noise"]]), 0.5),
+        (chat_prompt(IMAGE, IMAGE, text="Compare them."), media_kwargs(images=[image, image2]), 0.75),
+        (chat_prompt(VIDEO, text="What moves?"), media_kwargs(videos=[clips["static"]]), 0.9),
+        (chat_prompt(text="Say yes or no."), {}, 0.0),
     ]
 
 
@@ -108,6 +157,7 @@ class Served:
     upstream: dict[str, Generation] = field(default_factory=dict)
     plugin: dict[str, Generation] = field(default_factory=dict)
     evs: dict[tuple[str, float], Generation] = field(default_factory=dict)  # (clip, q)
+    masks: dict[tuple[str, str, float], Callable] = field(default_factory=dict)  # (method, clip, q): served_mask
     evs_repeat: Generation | None = None  # (moving, 0.5) again: a radix hit
     vidcom2: dict[tuple[str, float], Generation] = field(default_factory=dict)  # (clip, retention ratio)
     cache_keys: list[Generation] = field(default_factory=list)  # unseen clip at .25, .25, .75
@@ -119,7 +169,9 @@ class Served:
     metrics_delta: dict[str, float] = field(default_factory=dict)
     metered: Generation | None = None
     trace_path: Path | None = None
-    small_chunk: list[Generation] = field(default_factory=list)  # server default 0.5, chunk 33
+    small_chunk: list[Generation] = field(default_factory=list)  # default .5, SMALL_CHUNK: first, radix repeat
+    small_chunk_positions: list[list[dict]] = field(default_factory=list)  # each one's traced rope_positions
+    small_chunk_kept: list[int] = field(default_factory=list)  # their keep-mask (kept pad indices)
     small_chunk_mixed: Generation | None = None
     small_chunk_unpruned: Generation | None = None
 
@@ -131,7 +183,8 @@ def video(base_url: str, clip: Path, q: float | None = None, **extra) -> Generat
 
 def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clips: dict, out: Path) -> Served:
     served = Served(trace_path=out / "trace.jsonl")
-    args = ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK)]
+    dtype = ARCHITECTURES[architecture].dtype
+    args = ["--dtype", dtype, "--chunked-prefill-size", str(CHUNK)]
     cases = parity_cases(media_dir)
 
     def run_parity(base_url: str) -> dict[str, Generation]:
@@ -139,13 +192,15 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         results["radix_repeat"] = generate(base_url, cases["image_video"][0], **cases["image_video"][1])[0]
         return results
 
-    small_chunk_args = ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK),
+    small_chunk_args = ["--dtype", dtype, "--chunked-prefill-size", str(SMALL_CHUNK),
                         "--json-model-override-args", '{"video_pruning_rate": 0.5}']  # fmt: skip
+    small_chunk_trace = out / "small-chunk-trace.jsonl"
+    positions_traced = {trace.ENV: str(small_chunk_trace), trace.POSITIONS_ENV: "1"}
     launches = (
         Launch(model_dir, out / "upstream.log", args, {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
         Launch(model_dir, out / "plugin.log", [*args, "--enable-metrics"],
                {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(served.trace_path)}),
-        Launch(model_dir, out / "small-chunk.log", small_chunk_args, HYBRID_ENV),
+        Launch(model_dir, out / "small-chunk.log", small_chunk_args, {**HYBRID_ENV, **positions_traced}),
     )  # fmt: skip
     with running_servers(*launches) as (upstream, plugin, small_chunk):
         served.upstream = run_parity(upstream.base_url)
@@ -153,12 +208,16 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         served.plugin = run_parity(url)
         for q in RATES:
             served.evs["moving", q] = video(url, clips["moving"], q)
+            if q > 0:  # each rate encodes the clip anew (the rate is part of the video's cache key)
+                served.masks["evs", "moving", q] = served_mask(served.trace_path)
         for q in ORACLE_RATES:
             served.evs["noise", q] = video(url, clips["noise"], q)
+            served.masks["evs", "noise", q] = served_mask(served.trace_path)
         served.evs_repeat = video(url, clips["moving"], 0.5)
         for q in VIDCOM2_RATES:
             for clip in ("moving", "noise"):
                 served.vidcom2[clip, q] = video(url, clips[clip], **per_request_rate(q, "vidcom2"))
+                served.masks["vidcom2", clip, q] = served_mask(served.trace_path)
         unseen = media.write_clip(out / "unseen.mp4", "noise", num_frames=16, fps=4, seed=11)
         served.cache_keys = [video(url, unseen, q) for q in (0.25, 0.25, 0.75)]
         mixed = mixed_cases(clips, media_dir)
@@ -178,7 +237,11 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         after = pruning_metrics(url)
         served.metrics_delta = counter_increase(before, after)
 
-        served.small_chunk = [video(small_chunk.base_url, clips["moving"]) for _ in range(2)]
+        for _ in range(2):
+            traced_before = len(trace.read(small_chunk_trace, "rope_positions"))
+            served.small_chunk.append(video(small_chunk.base_url, clips["moving"]))
+            served.small_chunk_positions.append(trace.read(small_chunk_trace, "rope_positions")[traced_before:])
+        served.small_chunk_kept = trace.read(small_chunk_trace, "keep_mask")[-1]["kept"]
         prompt, kw, _ = mixed_cases(clips, media_dir)[1]
         served.small_chunk_mixed = generate(small_chunk.base_url, prompt, **kw)[0]
         served.small_chunk_unpruned = video(small_chunk.base_url, clips["moving"], 0.0)
@@ -193,19 +256,16 @@ def clips(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.fixture(scope="module")
-def served(request, media_dir, clips, tmp_path_factory) -> dict[str, Served]:
-    results = {}
-    for architecture, fixture in ARCHITECTURES.items():
-        out = tmp_path_factory.mktemp(architecture)
-        model_dir = request.getfixturevalue(fixture)
-        results[architecture] = serve_architecture(architecture, model_dir, media_dir, clips, out)
-    return results
-
-
-@pytest.fixture(params=list(ARCHITECTURES))
+@pytest.fixture(scope="module", params=list(ARCHITECTURES))
 def arch(request) -> str:
     return request.param
+
+
+@pytest.fixture(scope="module")
+def served(arch, request, media_dir, clips, tmp_path_factory) -> Served:
+    """One architecture's servers (pytest runs every test of one architecture before the next's start)."""
+    model_dir = request.getfixturevalue(ARCHITECTURES[arch].fixture)
+    return serve_architecture(arch, model_dir, media_dir, clips, tmp_path_factory.mktemp(arch))
 
 
 # --- q = 0: this project's classes serve exactly as upstream's
@@ -214,7 +274,7 @@ def arch(request) -> str:
 def test_plugin_serves_bit_identically_to_upstream(served, arch):
     """Text, image, video, image + video (the videos cut by the chunk size) and a radix repeat:
     tokens, logprobs and top-5 logprobs equal exactly."""
-    got = served[arch]
+    got = served
     assert set(got.plugin) == {"text", "image", "video", "image_video", "radix_repeat"}
     assert got.plugin == got.upstream
     assert got.plugin["radix_repeat"].cached_tokens > 0
@@ -222,7 +282,7 @@ def test_plugin_serves_bit_identically_to_upstream(served, arch):
 
 
 def test_our_classes_and_routine_served_with_no_deepstack_buffer(served, arch):
-    trace_path = served[arch].trace_path
+    trace_path = served.trace_path
     (allocated,) = trace.read(trace_path, "graph_inputs_allocated")
     assert allocated["model"] == arch and allocated["deepstack_ptr"] is None  # width 0: no buffer
     calls = trace.read(trace_path, "embed_routine")
@@ -238,7 +298,7 @@ def test_our_classes_and_routine_served_with_no_deepstack_buffer(served, arch):
 
 @pytest.mark.parametrize("q", RATES)
 def test_prompt_tokens_follow_the_retained_count(served, arch, q):
-    unpruned, pruned = served[arch].evs["moving", 0.0], served[arch].evs["moving", q]
+    unpruned, pruned = served.evs["moving", 0.0], served.evs["moving", q]
     tokens = unpruned.meta["video_tokens"]
     per_group = tokens // GROUPS
     assert per_group * GROUPS == tokens
@@ -251,52 +311,76 @@ def test_prompt_tokens_follow_the_retained_count(served, arch, q):
         assert pruned.meta["video_pruning_rate"] == q
 
 
-def assert_same_tokens(got: Generation, want: Generation, context: str) -> None:
-    assert got.prompt_tokens == want.prompt_tokens, context
-    assert_same_generation(got, want, context)
-
-
 def test_chunk_sizes_and_radix_hits_give_identical_tokens(served, arch):
     """The plugin server cuts the video at 128 tokens; the small-chunk server (default rate 0.5)
     cuts inside its groups and on framing tokens, then serves it again from the radix cache."""
-    got = served[arch]
+    got, checkpoint = served, ARCHITECTURES[arch]
+
+    def same(one: Generation, other: Generation, context: str) -> None:
+        assert_same_generation(one, other, checkpoint.tolerance, context, checkpoint.bfloat16)
+
     reference = got.evs["moving", 0.5]
     assert got.evs_repeat.cached_tokens > 0
-    assert_same_tokens(got.evs_repeat, reference, "radix hit, chunk 128")
+    same(got.evs_repeat, reference, "radix hit, chunk 128")
     first, again = got.small_chunk
     assert again.cached_tokens > 0
-    assert_same_tokens(first, reference, "chunk 33")
-    assert_same_tokens(again, reference, "chunk 33, radix hit")
-    assert_same_tokens(got.small_chunk_mixed, got.mixed_alone[1], "image and two videos, chunk 33 vs 128")
-    assert_same_tokens(got.small_chunk_unpruned, got.evs["moving", 0.0], "unpruned, chunk 33 vs 128")
+    same(first, reference, f"chunk {SMALL_CHUNK}")
+    same(again, reference, f"chunk {SMALL_CHUNK}, radix hit")
+    same(got.small_chunk_mixed, got.mixed_alone[1], "image and two videos, small chunk vs 128")
+    same(got.small_chunk_unpruned, got.evs["moving", 0.0], "unpruned, small chunk vs 128")
+
+
+def test_every_forward_of_a_chunked_pruned_video_is_at_the_rules_positions(served, arch, model_dir, clips):
+    """Every prefill chunk (of SMALL_CHUNK tokens, cutting the video's groups) and decode step of a video at
+    the server's default .5, and of its radix repeat, handed the language model exactly the positions of
+    transformers' `get_rope_index` on the unpruned prompt, the server's keep-mask applied (integers: what
+    no dtype's rounding blurs). The control: the rule with every token from the middle of the prompt on
+    one position later is not what was served."""
+    rule, offset = rule_positions(str(model_dir), str(clips["moving"]), tuple(served.small_chunk_kept))
+    one_off = rule.clone()
+    one_off[:, rule.shape[1] // 2 :] += 1
+    (first, again), (first_events, again_events) = served.small_chunk, served.small_chunk_positions
+    assert again.cached_tokens > 0
+    assert sum(event["mode"] == "EXTEND" for event in first_events) > 2  # the prompt in several chunks
+    for reply, events in ((first, first_events), (again, again_events)):
+        assert reply.prompt_tokens == rule.shape[1]
+        assert {event["mode"] for event in events} == {"EXTEND", "DECODE"}
+        prefilled = sum(event["rows"] for event in events if event["mode"] == "EXTEND")
+        assert prefilled == rule.shape[1] - reply.cached_tokens
+        for event in events:
+            assert torch.equal(torch.tensor(event["positions"]), expected_positions(event, rule, offset)), event
+    assert any(
+        not torch.equal(torch.tensor(event["positions"]), expected_positions(event, one_off, offset + 1))
+        for event in first_events if event["mode"] == "EXTEND"
+    )  # fmt: skip
 
 
 def test_the_rate_is_part_of_the_cache_key(served, arch):
     """The hybrid cache keeps linear-attention state only where a prefill chunk ended, so a repeat
     hits up to the last chunk boundary (a multiple of the chunk size) inside the video."""
-    first, again, other = served[arch].cache_keys
+    first, again, other = served.cache_keys
     assert again.cached_tokens >= (first.prompt_tokens - 1) // CHUNK * CHUNK > 20
     assert other.cached_tokens < 20  # at most the text before the video
 
 
 def test_mixed_media_batched_equal_each_request_alone(served, arch):
-    got = served[arch]
+    got = served
     shared_forwards, cached, prompt_tokens = got.mixed_prefill
     assert shared_forwards > 0 and cached < prompt_tokens // 4, got.mixed_prefill  # batched, not cache hits
     for one, many in zip(got.mixed_alone, got.mixed_together, strict=True):
-        assert many.prompt_tokens == one.prompt_tokens
-        assert_same_generation(many, one, "batched vs alone")
+        checkpoint = ARCHITECTURES[arch]
+        assert_same_generation(many, one, checkpoint.tolerance, "batched vs alone", checkpoint.bfloat16)
 
 
 def test_bad_rates_get_400_and_serving_goes_on(served, arch):
-    got = served[arch]
+    got = served
     for status, text in got.bad:
         assert status == 400 and "video_pruning_rate must be a number in [0, 1)" in text
     assert {tuple(g.output_ids) for g in got.after_bad} == {tuple(got.evs["moving", 0.75].output_ids)}
 
 
 def test_prometheus_counts_what_was_pruned(served, arch):
-    got = served[arch]
+    got = served
     for name in COUNTS:
         assert got.metrics_delta[name] == got.metered.meta[name], name
     assert got.metrics_delta["pruned_videos"] == 1
@@ -306,28 +390,34 @@ def test_prometheus_counts_what_was_pruned(served, arch):
 # --- the independent oracle: HF transformers' Qwen3.5 given the kept tokens at the reference positions
 
 
-@cache
-def hf(model_dir: str):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+@pytest.fixture(scope="module")
+def model_dir(arch, request) -> Path:
+    return request.getfixturevalue(ARCHITECTURES[arch].fixture)
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+@cache
+def hf(model_dir: str, architecture: str):
+    from transformers import AutoProcessor
+
+    model = load_in_transformers(model_dir, ARCHITECTURES[architecture].dtype)
     return model, AutoProcessor.from_pretrained(model_dir)
 
 
-def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Path | None = None, q: float = 0.0,
-              steps: int = 8, keep_mask=evs_keep_mask, shift_text_back: bool = False,
-              shift_from_video: int = 0) -> HFReference:  # fmt: skip
+def hf_greedy(architecture: str, model_dir: Path, prompt: str, image: Path | None = None, clip: Path | None = None,
+              q: float = 0.0, steps: int = 8, keep_mask=evs_keep_mask, shift_text_back: bool = False,
+              shift_from_video: int = 0, follow: Generation | None = None) -> HFReference:  # fmt: skip
     """Transformers' own processor, vision tower, `get_rope_index` and language model; a video's
     pruned pads (`keep_mask(rows, grid, m, q)`, an oracle written here) deleted from its tokens and
     positions (the reference rule), the decode offset grown by their count. `shift_text_back` is the
     control: the text after the video moved back by the pruned count, as a rule that renumbers the
     compacted sequence would place it; `shift_from_video` another: every token from the video's first
-    pad on (generated ones too) moved by that many positions (a one-position error)."""
+    pad on (generated ones too) moved by that many positions (a one-position error). `follow`: a served
+    reply whose tokens HF continues with, where the checkpoint is in bfloat16 (`Checkpoint`)."""
     from PIL import Image
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
 
-    model, processor = hf(str(model_dir))
+    model, processor = hf(str(model_dir), architecture)
     kwargs: dict = {"images": [Image.open(image)]} if image else {}
     if clip is not None:
         frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
@@ -342,47 +432,70 @@ def hf_greedy(model_dir: Path, prompt: str, image: Path | None = None, clip: Pat
         embeds = inner.language_model.embed_tokens(ids)
         keep = torch.ones_like(ids, dtype=torch.bool)
         if image is not None:
-            rows = inner.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+            pixels = inputs["pixel_values"].to(model.dtype)
+            rows = inner.get_image_features(pixels, inputs["image_grid_thw"]).pooler_output
             embeds[ids == cfg.image_token_id] = torch.cat(list(rows))
         if clip is not None:
             grid = inputs["video_grid_thw"]
-            rows = torch.cat(list(inner.get_video_features(inputs["pixel_values_videos"], grid).pooler_output))
+            pixels = inputs["pixel_values_videos"].to(model.dtype)
+            rows = torch.cat(list(inner.get_video_features(pixels, grid).pooler_output))
             is_pad = ids == cfg.video_token_id
             embeds[is_pad] = rows
             if q > 0:
                 keep[is_pad] = keep_mask(rows, grid[0], cfg.vision_config.spatial_merge_size, q)
         video_rows = ids == cfg.video_token_id
+        reads_ids = bool(getattr(cfg.text_config, "ple_layer_ids", None))  # Qwen4-Exp's per-layer embeddings
+        forced = follow.output_ids if follow is not None and ARCHITECTURES[architecture].bfloat16 else None
         return hf_greedy_on_kept(model, embeds, positions, delta, keep, video_rows, steps, shift_from_video,
-                                 shift_text_back)  # fmt: skip
+                                 shift_text_back, ids=ids if reads_ids else None, forced=forced)  # fmt: skip
 
 
-def test_unpruned_greedy_tokens_equal_hf(served, arch, media_dir, request):
-    model_dir = request.getfixturevalue(ARCHITECTURES[arch])
-    got = served[arch].plugin
+def test_unpruned_greedy_tokens_equal_hf(served, arch, model_dir, media_dir):
+    got, tolerance = served.plugin, ARCHITECTURES[arch].tolerance
     image, _ = parity_cases(media_dir)["image"]
-    assert_matches_hf(got["image"], hf_greedy(model_dir, image, image=media_dir / "image.png"), HF_LOGPROB_TOLERANCE)
-    assert_matches_hf(
-        got["video"], hf_greedy(model_dir, chat_prompt(VIDEO), clip=media_dir / "moving.mp4"), HF_LOGPROB_TOLERANCE
-    )
+    reference = hf_greedy(arch, model_dir, image, image=media_dir / "image.png", follow=got["image"])
+    assert_matches_hf(got["image"], reference, tolerance)
+    reference = hf_greedy(arch, model_dir, chat_prompt(VIDEO), clip=media_dir / "moving.mp4", follow=got["video"])
+    assert_matches_hf(got["video"], reference, tolerance)
+
+
+def checked_mask(served_mask: Callable, seen: dict) -> Callable:
+    """The server's keep-mask as `hf_greedy`'s `keep_mask`, keeping what HF computed it on for a check."""
+
+    def mask(rows, grid, merge, q):
+        seen["served"], seen["args"] = served_mask(rows, grid, merge, q), (rows, grid, merge, q)
+        return seen["served"]
+
+    return mask
 
 
 @pytest.mark.parametrize("q", ORACLE_RATES)
 @pytest.mark.parametrize("clip", ["noise", "moving"])
-def test_pruned_greedy_tokens_equal_hf_oracle(served, arch, clips, q, clip, request):
-    model_dir = request.getfixturevalue(ARCHITECTURES[arch])
-    assert_matches_hf(
-        served[arch].evs[clip, q], hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=q), HF_LOGPROB_TOLERANCE
-    )
+def test_pruned_greedy_tokens_equal_hf_oracle(served, arch, model_dir, clips, q, clip):
+    """HF given the server's mask, which must be the oracle's on HF's features up to ties (a static
+    background's cells score alike, and two encoders' rounding picks among them)."""
+    got, seen = served.evs[clip, q], {}
+    mask = checked_mask(served.masks["evs", clip, q], seen)
+    reference = hf_greedy(arch, model_dir, chat_prompt(VIDEO), clip=clips[clip], q=q, keep_mask=mask, follow=got)
+    assert_matches_hf(got, reference, ARCHITECTURES[arch].tolerance)
+    assert_masks_agree_up_to_ties(seen["served"], *seen["args"], tie=ARCHITECTURES[arch].mask_tie)
 
 
-def test_the_hf_oracle_tells_an_inexact_position_rule(served, arch, clips, request):
+@pytest.mark.parametrize(
+    "arch", [name for name, checkpoint in ARCHITECTURES.items() if checkpoint.dtype == "float32"], scope="module"
+)
+def test_the_hf_oracle_tells_an_inexact_position_rule(served, arch, model_dir, clips):
     """The control: HF with the text after the video renumbered as if the pruned tokens never
-    existed is far from what was served, so the tolerance above separates exact from inexact."""
-    model_dir = request.getfixturevalue(ARCHITECTURES[arch])
-    control = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips["moving"], q=0.75, shift_text_back=True)
-    assert logprob_gap(served[arch].evs["moving", 0.75], control) > 100 * HF_LOGPROB_TOLERANCE
-    one_off = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips["moving"], q=0.75, shift_from_video=1)
-    assert logprob_gap(served[arch].evs["moving", 0.75], one_off) > HF_LOGPROB_TOLERANCE  # a one-position error
+    existed is far from what was served, so the tolerance above separates exact from inexact.
+    Float32 checkpoints only: in bfloat16 (Qwen4-Exp) a one-position error moves these logprobs by
+    0.01-0.02, less than the two implementations' rounding (0.02-0.03); there the positions test above,
+    which compares integers, tells exact from inexact."""
+    got, tolerance = served.evs["moving", 0.75], ARCHITECTURES[arch].tolerance
+    kw = {"clip": clips["moving"], "q": 0.75, "keep_mask": served.masks["evs", "moving", 0.75], "follow": got}
+    control = hf_greedy(arch, model_dir, chat_prompt(VIDEO), shift_text_back=True, **kw)
+    assert logprob_gap(got, control) > 100 * tolerance
+    one_off = hf_greedy(arch, model_dir, chat_prompt(VIDEO), shift_from_video=1, **kw)
+    assert logprob_gap(got, one_off) > tolerance  # a one-position error
 
 
 # --- VidCom2, the second method, through the same mechanism
@@ -390,7 +503,7 @@ def test_the_hf_oracle_tells_an_inexact_position_rule(served, arch, clips, reque
 
 @pytest.mark.parametrize("q", VIDCOM2_RATES)
 def test_vidcom2_prompt_tokens_follow_its_count(served, arch, q):
-    unpruned, pruned = served[arch].evs["moving", 0.0], served[arch].vidcom2["moving", q]
+    unpruned, pruned = served.evs["moving", 0.0], served.vidcom2["moving", q]
     tokens = unpruned.meta["video_tokens"]
     kept = max(GROUPS, int(tokens * (1 - q)))  # VidCom2's count, written out here
     assert pruned.prompt_tokens == unpruned.prompt_tokens - (tokens - kept)
@@ -399,11 +512,15 @@ def test_vidcom2_prompt_tokens_follow_its_count(served, arch, q):
 
 
 @pytest.mark.parametrize("clip", ["noise", "moving"])
-def test_vidcom2_greedy_tokens_equal_hf_oracle(served, arch, clips, clip, request):
-    q = VIDCOM2_RATES[0]
-    model_dir = request.getfixturevalue(ARCHITECTURES[arch])
-    reference = hf_greedy(model_dir, chat_prompt(VIDEO), clip=clips[clip], q=q, keep_mask=vidcom2_keep_mask)
-    assert_matches_hf(served[arch].vidcom2[clip, q], reference, HF_LOGPROB_TOLERANCE)
+def test_vidcom2_greedy_tokens_equal_hf_oracle(served, arch, model_dir, clips, clip):
+    """HF given the server's mask, which must be the VidCom2 oracle's on HF's features (`Checkpoint`)."""
+    q, seen = VIDCOM2_RATES[0], {}
+    got, mask = served.vidcom2[clip, q], checked_mask(served.masks["vidcom2", clip, q], seen)
+    reference = hf_greedy(arch, model_dir, chat_prompt(VIDEO), clip=clips[clip], q=q, keep_mask=mask, follow=got)
+    assert_matches_hf(got, reference, ARCHITECTURES[arch].tolerance)
+    oracle = vidcom2_keep_mask(*seen["args"])
+    assert int(seen["served"].sum()) == int(oracle.sum())
+    assert int((seen["served"] & oracle).sum()) >= ARCHITECTURES[arch].vidcom2_overlap * int(oracle.sum())
 
 
 # --- a Qwen3.5 checkpoint with deepstack levels: they travel in the fixed buffer
@@ -415,7 +532,7 @@ class DeepstackServed:
     plugin: dict[str, Generation]
     without_levels: dict[str, Generation]  # the same weights but the deepstack mergers
     pruned: Generation  # (moving, 0.5), chunk 128
-    pruned_small_chunk: list[Generation]  # the same with chunk 33, then again from the radix cache
+    pruned_small_chunk: list[Generation]  # the same with chunk SMALL_CHUNK, then again from the radix cache
     trace_path: Path
 
 
@@ -471,5 +588,5 @@ def test_deepstack_videos_pruned_exactly_in_any_chunk(deepstack_served):
     assert pruned.meta["video_tokens_after_pruning"] == max(tokens // GROUPS, int(tokens * (1 - 0.5)))
     first, again = deepstack_served.pruned_small_chunk
     assert again.cached_tokens > 0
-    assert_same_tokens(first, pruned, "deepstack, chunk 33")
-    assert_same_tokens(again, pruned, "deepstack, chunk 33, radix hit")
+    assert_same_generation(first, pruned, 1e-4, f"deepstack, chunk {SMALL_CHUNK}")
+    assert_same_generation(again, pruned, 1e-4, f"deepstack, chunk {SMALL_CHUNK}, radix hit")

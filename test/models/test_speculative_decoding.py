@@ -17,11 +17,10 @@ The checkpoints' MTP heads are made for drafts that are accepted (`testing/tiny_
 draft really drafts: a head that failed to load would accept none.
 """
 
-import asyncio
 import json
 import shutil
+import sys
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,6 +42,9 @@ from sglang_evs.testing.requests import (
 )
 from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 from sglang_evs.testing.workload import send_alone, send_together
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_evs_serving import expected_positions, rule_positions  # noqa: E402  (the rule, shared)
 
 pytestmark = pytest.mark.slow  # twelve servers
 
@@ -314,50 +316,6 @@ def test_graph_mode_forwards_replay_at_the_rules_positions(served, tiny_qwen3_5_
 
 
 # --- the positions every forward was handed, against the rule -------------------------------------
-
-
-@cache
-def rule_positions(model_dir: str, clip: str, kept: tuple[int, ...]) -> tuple[torch.Tensor, int]:
-    """The video prompt's kept tokens at the positions transformers' `get_rope_index` gives them in the
-    unpruned sequence ([3, kept tokens]), and the offset of every later token (its position minus its
-    index in the pruned sequence: the unpruned delta plus the pruned count)."""
-    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
-    from sglang.srt.utils.common import load_video
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
-    processor = AutoProcessor.from_pretrained(model_dir)
-    frames, metadata = asyncio.run(preprocess_video(load_video(clip, use_gpu=False)))
-    inputs = processor(text=[chat_prompt(VIDEO)], videos=[frames], video_metadata=[metadata],
-                       do_sample_frames=False, return_tensors="pt")  # fmt: skip
-    ids = inputs["input_ids"][0]
-    positions, delta = model.model.get_rope_index(
-        ids[None], inputs["mm_token_type_ids"], video_grid_thw=inputs["video_grid_thw"]
-    )
-    keep = torch.ones_like(ids, dtype=torch.bool)
-    pads = (ids == model.config.video_token_id).nonzero().flatten()
-    keep[pads] = False
-    keep[pads[list(kept)]] = True
-    return positions[:, 0, keep], int(delta) + int((~keep).sum())
-
-
-def expected_positions(event: dict, rule: torch.Tensor, offset: int) -> torch.Tensor:
-    """[3, rows] the rule gives the rows of one forward of the traced request (its only sequence):
-    prompt rows at their index; afterwards `index + offset` on all three axes. Rows pair with
-    the positions upstream pairs them with: a draft row holds token t's hidden state and position
-    with token t+1's embedding; a draft decode step the position of the last token it saw."""
-    rows, (seq_len,) = event["rows"], event["seq_lens"]
-    first = {  # the sequence index of the forward's first row
-        "EXTEND": seq_len - rows,
-        "TARGET_VERIFY": seq_len,
-        "DRAFT_EXTEND_V2": seq_len - rows,
-        "DECODE": seq_len,
-    }[event["mode"]]
-    index = torch.arange(first, first + rows)
-    prompt = index < rule.shape[1]
-    out = (index + offset).expand(3, rows).clone()
-    out[:, prompt] = rule[:, index[prompt]]
-    return out
 
 
 def assert_forwards_at_the_rules_positions(traced_request: TracedRequest, model_dir: Path) -> None:

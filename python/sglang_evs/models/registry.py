@@ -26,6 +26,7 @@ MODELS: dict[str, Entry] = {
     "Qwen3_5MoeForConditionalGeneration": Entry("qwen3_5:Qwen3_5MoeForConditionalGeneration", "UpstreamQwen3_5Moe"),
     "Qwen2_5_VLForConditionalGeneration": Entry("qwen2_vl:Qwen2_5_VLForConditionalGeneration", "UpstreamQwen2_5_VL"),
     "Qwen2VLForConditionalGeneration": Entry("qwen2_vl:Qwen2VLForConditionalGeneration", "UpstreamQwen2VL"),
+    "Qwen4ExpForConditionalGeneration": Entry("qwen4_exp:Qwen4ExpForConditionalGeneration", "UpstreamQwen4Exp"),
     # GLM-4.1V / GLM-4.5V: their own processor and video layout (pruning.families.GLM4V)
     "Glm4vForConditionalGeneration": Entry("glm4v:Glm4vForConditionalGeneration", "UpstreamGlm4v"),
     "Glm4vMoeForConditionalGeneration": Entry("glm4v:Glm4vMoeForConditionalGeneration", "UpstreamGlm4vMoe"),

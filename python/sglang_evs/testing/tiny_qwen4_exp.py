@@ -20,6 +20,7 @@ from typing import Any
 
 from sglang_evs.testing.tiny_core import (
     QWEN_VOCABULARY,
+    VISION_OUTPUT_GAIN,
     build_tokenizer,
     merge,
     qwen3_vl_processor,
@@ -58,8 +59,9 @@ VISION = dict(
 
 def build(out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None, seed: int = 0) -> Path:
     """Write config.json (`config_overrides` merged: `text_config`, `vision_config` and top-level keys),
-    seeded random bf16 weights (the language model at unit scale, experts in the released layout, no
-    indexer), the Qwen tokenizer and Qwen3-VL's processor."""
+    seeded random bf16 weights (the language model at unit scale, the vision merger's output at
+    VISION_OUTPUT_GAIN, experts in the released layout, no indexer), the Qwen tokenizer and Qwen3-VL's
+    processor."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -77,6 +79,8 @@ def build(out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None
     torch.manual_seed(seed)
     model = transformers.Qwen4ExpForConditionalGeneration(drawn)
     redraw_language_model(model.model.language_model, model.lm_head)
+    with torch.no_grad():  # vision rows as strong as text embeddings, so that greedy tokens depend on pixels
+        model.model.visual.merger.linear_fc2.weight.mul_(VISION_OUTPUT_GAIN)
     with tempfile.TemporaryDirectory() as drawn_dir:  # transformers' own file layout, then the indexer dropped
         model.to(torch.bfloat16).save_pretrained(drawn_dir)
         weights = load_file(Path(drawn_dir) / "model.safetensors")
