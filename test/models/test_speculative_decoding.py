@@ -493,10 +493,16 @@ def test_a_pruning_request_to_a_server_speculating_with_a_refused_draft_gets_400
     assert served_eagle3.blind_before.meta["spec_verify_ct"] > 0  # it speculates
 
 
-def test_a_pruning_default_with_a_refused_draft_stops_at_startup(tiny_qwen3_vl_six_layers_dir, blind_eagle3_draft_dir):
-    done = run_to_exit(
-        tiny_qwen3_vl_six_layers_dir,
-        [*eagle3_flags(blind_eagle3_draft_dir), "--json-model-override-args", '{"video_pruning_rate": 0.5}'],
-    )
+@pytest.mark.parametrize("draft", ["blind EAGLE3", "Qwen4-Exp MTP"])
+def test_a_pruning_default_with_a_refused_draft_stops_at_startup(draft, request):
+    """An EAGLE3 draft without M-RoPE, and Qwen4-Exp's own MTP layer (SGLang's `Qwen4ExpForCausalLMMTP` drafts
+    at 1-D positions)."""
+    if draft == "blind EAGLE3":
+        model = request.getfixturevalue("tiny_qwen3_vl_six_layers_dir")
+        flags, refused = eagle3_flags(request.getfixturevalue("blind_eagle3_draft_dir")), BLIND_DRAFT
+    else:
+        model, flags = request.getfixturevalue("tiny_qwen4_exp_mtp_dir"), [*NEXTN, "--dtype", "bfloat16"]
+        refused = "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm NEXTN)"
+    done = run_to_exit(model, [*flags, "--json-model-override-args", '{"video_pruning_rate": 0.5}'])
     assert done.returncode != 0
-    assert "video_pruning_rate=0.5" in done.stderr + done.stdout and BLIND_DRAFT in done.stderr + done.stdout
+    assert "video_pruning_rate=0.5" in done.stderr + done.stdout and refused in done.stderr + done.stdout

@@ -58,8 +58,14 @@ def test_a_request_that_asks_for_pruning_is_refused_under_a_conflicting_setup():
 
 
 SEPARATE_DRAFT = "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm EAGLE3)"
-WITH_MTP = SimpleNamespace(text_config=SimpleNamespace(mtp_num_hidden_layers=1))
-WITHOUT_MTP = SimpleNamespace(text_config=SimpleNamespace())
+WITH_MTP = SimpleNamespace(
+    architectures=["Qwen3_5ForConditionalGeneration"], text_config=SimpleNamespace(mtp_num_hidden_layers=1)
+)
+WITHOUT_MTP = SimpleNamespace(architectures=["Qwen3_5ForConditionalGeneration"], text_config=SimpleNamespace())
+# Qwen4-Exp's MTP layer drafts through SGLang's own class, which reads 1-D positions
+QWEN4_EXP_WITH_MTP = SimpleNamespace(
+    architectures=["Qwen4ExpForConditionalGeneration"], text_config=SimpleNamespace(mtp_num_hidden_layers=1)
+)
 
 
 @pytest.mark.parametrize(
@@ -76,6 +82,11 @@ WITHOUT_MTP = SimpleNamespace(text_config=SimpleNamespace())
         (
             {"speculative_algorithm": "NEXTN", "model_path": "m"},
             WITHOUT_MTP,
+            "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm NEXTN)",
+        ),
+        (
+            {"speculative_algorithm": "NEXTN", "model_path": "m"},
+            QWEN4_EXP_WITH_MTP,
             "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm NEXTN)",
         ),
         (

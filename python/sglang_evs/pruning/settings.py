@@ -121,13 +121,16 @@ PRUNING_TRANSPORT = "zmq_to_scheduler"
 
 
 EAGLE3_DRAFT = "LlamaForCausalLMEagle3"  # SGLang 0.5.23's EAGLE3 draft; it reads M-RoPE where its config has them
+# Targets whose NEXTN draft (SGLang builds it from the checkpoint's MTP layer) the plugin serves with the target's
+# positions (`models/qwen3_5.py`). Qwen4-Exp's draft (`Qwen4ExpForCausalLMMTP`) is SGLang's, on 1-D positions.
+MTP_DRAFT_TARGETS = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 
 
 def draft_reads_target_positions(server_args, hf_config) -> bool:
     """Whether the speculative draft is given the target's M-RoPE positions, which are the pruned prompt's
     exact ones (SGLang builds them for the draft's batch from the request, `PrunedVideos.write_positions`):
     - NEXTN (SGLang's EAGLE worker drafting with the checkpoint's own MTP layer, declared in the config as
-      released Qwen3.5 configs do): the plugin's draft class reads them (`models/qwen3_5.py`);
+      released Qwen3.5 configs do) for `MTP_DRAFT_TARGETS`: the plugin's draft class reads them;
     - EAGLE3 with a `LlamaForCausalLMEagle3` draft whose config sets `mrope_section`: upstream's draft reads
       them. Every other draft reads 1-D positions, or positions of its own."""
     algorithm = getattr(server_args, "speculative_algorithm", None)
@@ -135,7 +138,8 @@ def draft_reads_target_positions(server_args, hf_config) -> bool:
     model = getattr(server_args, "model_path", None)
     if algorithm in ("EAGLE", "NEXTN") and draft in (None, model):
         text_config = getattr(hf_config, "text_config", hf_config)
-        return int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0
+        target = (getattr(hf_config, "architectures", None) or [None])[0]
+        return int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0 and target in MTP_DRAFT_TARGETS
     if algorithm == "EAGLE3" and draft not in (None, model):
         config = checkpoint_config(draft)
         rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
