@@ -523,6 +523,72 @@ def test_vidcom2_greedy_tokens_equal_hf_oracle(served, arch, model_dir, clips, c
     assert int((seen["served"] & oracle).sum()) >= ARCHITECTURES[arch].vidcom2_overlap * int(oracle.sum())
 
 
+# --- Qwen4-Exp under graph mode and at --tp-size 2 (Qwen3.5's graph mode: test_speculative_decoding.py)
+
+QWEN4_EXP = "Qwen4ExpForConditionalGeneration"
+LAYOUTS = {  # name -> (server arguments beyond the dtype, graph mode)
+    # few graph sizes: one request at a time, and media prefills stay eager (test below); 26 s of capture saved
+    "graphs": (
+        (
+            "--chunked-prefill-size",
+            str(CHUNK),
+            "--cuda-graph-bs-prefill",
+            "64",
+            "--cuda-graph-bs-decode",
+            "1",
+            "2",
+            "4",
+        ),
+        True,
+    ),  # fmt: skip
+    "tp2": (("--chunked-prefill-size", str(CHUNK), "--tp-size", "2"), False),
+}
+
+
+@pytest.fixture(scope="module")
+def layouts(arch, model_dir, media_dir, clips, tmp_path_factory) -> dict:
+    """{(layout, "plugin" | "upstream", case): reply}, and ("trace",): the plugin's graph-mode trace. Cases:
+    image and video at q = 0 on both; the video at .75 on the plugin's."""
+    out = tmp_path_factory.mktemp("qwen4_exp_layouts")
+    cases = {name: parity_cases(media_dir)[name] for name in ("image", "video")}
+    args = ["--dtype", ARCHITECTURES[arch].dtype]
+    launches, keys, results = [], [], {("trace",): out / "graphs-trace.jsonl"}
+    for layout, (flags, graphs) in LAYOUTS.items():
+        for side in ("plugin", "upstream"):
+            env = {**HYBRID_ENV, "SGLANG_PLUGINS": "none"} if side == "upstream" else dict(HYBRID_ENV)
+            if side == "plugin" and graphs:
+                env[trace.ENV] = str(results["trace",])
+            launches.append(Launch(model_dir, out / f"{layout}-{side}.log", [*args, *flags], env, graph_mode=graphs))
+            keys.append((layout, side))
+    with running_servers(*launches) as servers:
+        for (layout, side), server in zip(keys, servers, strict=True):
+            for name, (prompt, kw) in cases.items():
+                results[layout, side, name] = generate(server.base_url, prompt, **kw)[0]
+            if side == "plugin":
+                results[layout, side, "pruned"] = video(server.base_url, clips["moving"], 0.75)
+    return results
+
+
+@pytest.mark.parametrize("arch", [QWEN4_EXP], scope="module")
+def test_qwen4_exp_in_graph_mode_and_at_tp2_as_upstream_and_as_one_eager_rank(layouts, served, arch):
+    """At q = 0 the plugin serves image and video bit-identically to upstream with the same flags (SGLang's
+    CUDA-graph runners on the CPU route; two tensor-parallel ranks); the video pruned at .75 gives the tokens
+    of one eager rank (up to bfloat16's near-ties), decoding in replayed graphs. SGLang keeps Qwen4-Exp's
+    prefill eager for batches with media (`PrefillCudaGraphRunner.can_replay_locally`: its hyper-connection
+    side channel), so those run as upstream runs them."""
+    checkpoint = ARCHITECTURES[arch]
+    for layout in LAYOUTS:
+        for name in ("image", "video"):
+            assert layouts[layout, "plugin", name] == layouts[layout, "upstream", name], (layout, name)
+        pruned = layouts[layout, "plugin", "pruned"]
+        assert pruned.meta["video_tokens_after_pruning"] < pruned.meta["video_tokens_before_pruning"]
+        eager = served.evs["moving", 0.75]
+        assert_same_generation(pruned, eager, checkpoint.tolerance, f"{layout} vs eager", checkpoint.bfloat16)
+    replays = trace.read(layouts["trace",], "graph_replay")
+    assert any(event["mode"] == "DECODE" and event["media"] for event in replays)
+    assert not any(event["mode"] == "EXTEND" and event["media"] for event in replays)
+
+
 # --- a Qwen3.5 checkpoint with deepstack levels: they travel in the fixed buffer
 
 
