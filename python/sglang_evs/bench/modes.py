@@ -28,7 +28,7 @@ from sglang_evs.bench.ratios import (
     reference_tokens,
     round_ratio,
 )
-from sglang_evs.testing.requests import per_request_rate
+from sglang_evs.testing.requests import flush_cache, per_request_rate
 
 
 def sweep(
@@ -148,7 +148,7 @@ def paired(
         warm_up(server.base_url, out_dir, dataset)
         for i, line in enumerate(tqdm(lines, desc="paired clips", unit="clip")):
             for j, q in enumerate((0.0, rate) if i % 2 == 0 else (rate, 0.0)):
-                requests.post(f"{server.base_url}/flush_cache", timeout=600).raise_for_status()
+                flush_cache(server.base_url)
                 since = trace_size(trace_path)
                 timed = timed_video_request(server.base_url, line, q)
                 stages = stage_times(trace_path, since)
@@ -210,7 +210,7 @@ def compare_methods(
         warm_up(server.base_url, out_dir, dataset)
         for i, line in enumerate(tqdm(lines, desc="clips", unit="clip")):
             for method in (first, second) if i % 2 == 0 else (second, first):
-                requests.post(f"{server.base_url}/flush_cache", timeout=600).raise_for_status()
+                flush_cache(server.base_url)
                 timed = timed_video_request(server.base_url, line, rate, method)
                 samples[method].append({"latency_ms": timed.latency_ms, "ttft_ms": timed.ttft_ms,
                                         "tokens": timed.prompt_tokens})  # fmt: skip

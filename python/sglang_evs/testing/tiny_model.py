@@ -87,6 +87,8 @@ def build_tiny_model(
     """Write config, seeded random bf16 weights, tokenizer, processor and chat template to out_dir (see the
     family's module); the shared path also writes the profile, seed and overrides (sglang_evs_profile.json)."""
     if architecture in BUILDERS:
+        if profile != "tiny":  # a family with profiles of its own (tiny_qwen4_exp.PROFILES)
+            return BUILDERS[architecture](out_dir, config_overrides, seed, profile=profile)
         return BUILDERS[architecture](out_dir, config_overrides, seed)
     out = tiny_core.build(out_dir, architecture, ARCHITECTURES[architecture], profile, config_overrides, seed)
     provenance: dict[str, Any] = {"profile": profile, "seed": seed}

@@ -57,8 +57,28 @@ VISION = dict(
 )  # fmt: skip
 
 
-def build(out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None, seed: int = 0) -> Path:
-    """Write config.json (`config_overrides` merged: `text_config`, `vision_config` and top-level keys),
+# `small`: a language model that dominates prefill time, for the EVS time-to-first-token benchmark, as Qwen3.5's
+# `small`: 8 hybrid layers at 2048 wide (3 Gated DeltaNet per full attention; 16 query heads of 128 with 2 KV
+# heads: 128 is the widest head whose rotary quarter fits the indexer's 32-wide heads), 16 key and 32 value
+# heads of 128 in the linear layers, experts and the shared expert 3072 wide, under the tiny tower.
+SMALL = dict(
+    text_config=dict(
+        hidden_size=2048, num_hidden_layers=8, full_attention_interval=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=16, num_key_value_heads=2, head_dim=128, rope_parameters=dict(mrope_section=[6, 5, 5]),
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        moe_intermediate_size=3072, shared_expert_intermediate_size=3072,
+    ),
+    vision_config=dict(out_hidden_size=2048),
+)  # fmt: skip
+PROFILES = {"tiny": {}, "small": SMALL}
+
+
+def build(
+    out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None, seed: int = 0, profile: str = "tiny"
+) -> Path:
+    """Write config.json (the `profile`'s fields, then `config_overrides` merged: `text_config`, `vision_config`
+    and top-level keys),
     seeded random bf16 weights (the language model at unit scale, the vision merger's output at
     VISION_OUTPUT_GAIN, experts in the released layout, no indexer), the Qwen tokenizer and Qwen3-VL's
     processor."""
@@ -72,7 +92,7 @@ def build(out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None
         architectures=[ARCHITECTURE], model_type="qwen4_exp", dtype="bfloat16",
         text_config={**TEXT, **ids.text}, vision_config=dict(VISION), **ids.top,
     )  # fmt: skip
-    config = merge(config, config_overrides or {})
+    config = merge(merge(config, PROFILES[profile]), config_overrides or {})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     drawn = transformers.Qwen4ExpConfig(**merge(config, {"text_config": DRAW_INDEXER}))

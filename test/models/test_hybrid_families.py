@@ -1,15 +1,17 @@
-"""Qwen3.5 and Qwen3.5-MoE served by this project's classes on the CPU route (float32).
+"""The hybrid families served by this project's classes on the CPU route: Qwen3.5 and Qwen3.5-MoE (float32)
+and Qwen4-Exp (bfloat16, the only dtype SGLang serves it in; see `Checkpoint` for what that changes).
 
-The language model is hybrid (Gated DeltaNet layers with per-request recurrent state, and full
-attention), served with SGLang's hybrid cache, chunked prefill and its radix cache. Servers are
-few and run one at a time: the module fixture runs every request first and the tests assert on
-what came back.
+The language models are hybrid (Gated DeltaNet layers with per-request recurrent state, and full
+attention; Qwen4-Exp adds hyper-connections and per-layer embeddings that read the token ids), served
+with SGLang's hybrid cache, chunked prefill and its radix cache. Servers are few and run one at a time:
+the module fixture runs every request first and the tests assert on what came back.
 
 Per architecture: an upstream server (`SGLANG_PLUGINS=none`) and a plugin server, both with a
 chunk size that cuts the video but not the image, and a third server whose default rate is 0.5,
-with a chunk size that cuts inside the video's groups. Then the dense model with a third vision layer and
-three deepstack levels (upstream, plugin, small chunks) and without them. VidCom2 reaches
-Qwen3.5 through the same mechanism as EVS: the plugin servers also answer requests that choose it.
+with a chunk size that cuts inside the video's groups, its positions traced. Then the dense Qwen3.5 with a
+third vision layer and three deepstack levels (upstream, plugin, small chunks) and without them, and
+Qwen4-Exp in graph mode and at `--tp-size 2` beside upstream with the same flags. VidCom2 reaches them
+through the same mechanism as EVS: the plugin servers also answer requests that choose it.
 """
 
 import asyncio
@@ -57,7 +59,7 @@ from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
 
 from conftest import assert_same_generation, load_in_transformers  # noqa: E402
 
-pytestmark = pytest.mark.slow  # ten servers, one after another
+pytestmark = pytest.mark.slow  # 17 servers, a few at a time
 
 # SGLang keeps the Gated DeltaNet conv state between prefill chunks in bfloat16 unless told
 # otherwise, so where a chunk ends would round the next chunk's input: up to 2.4e-3 in logprobs
