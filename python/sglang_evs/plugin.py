@@ -98,7 +98,7 @@ def register_hooks() -> None:
     # positions sit in fixed buffers, models/graph_inputs.py), so SGLang's prefill CUDA
     # graphs may wrap them.
     breakable = sglang.BREAKABLE_CUDA_GRAPH_MM_ARCHS
-    breakable.extend(arch for arch in registry.MODELS if arch not in breakable)
+    breakable.extend(arch for arch in registry.MODELS if arch not in breakable and arch not in registry.EAGER_PREFILL)
 
 
 class UnsupportedServerArgsError(ValueError):

@@ -59,6 +59,9 @@ INTERNALS: dict[str, str] = {
     "UpstreamQwen3_5MoeLLMModel": "sglang.srt.models.qwen3_5:Qwen3_5MoeForCausalLM",
     "UpstreamQwen3_5MTP": "sglang.srt.models.qwen3_5_mtp:Qwen3_5ForCausalLMMTP",  # the NEXTN draft (dense, MoE)
     "UpstreamLlamaEagle3": "sglang.srt.models.llama_eagle3:LlamaForCausalLMEagle3",  # EAGLE3 drafts
+    # Qwen3-Omni: a wrapper whose forward is its thinker's (a Qwen3-VL-MoE with an audio tower)
+    "UpstreamQwen3Omni": "sglang.srt.models.qwen3_omni_moe:Qwen3OmniMoeForConditionalGeneration",
+    "UpstreamQwen3OmniThinker": "sglang.srt.models.qwen3_omni_moe:Qwen3OmniMoeThinkerForConditionalGeneration",
     # Qwen4-Exp (a Qwen3-VL on a hybrid language model with hyper-connections and per-layer embeddings)
     "UpstreamQwen4Exp": "sglang.srt.models.qwen4_exp:Qwen4ExpForConditionalGeneration",
     "UpstreamQwen4ExpVLModel": "sglang.srt.models.qwen4_exp:Qwen4ExpVLModel",

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_evs.models.adapter import attach
+from sglang_evs.models.adapter import _split_deepstack, attach
 from sglang_evs.models.graph_inputs import (
     CARRIED_FIELD,
     STAGE_POSITIONS_KEY,
@@ -14,6 +14,7 @@ from sglang_evs.models.graph_inputs import (
     receive_stage_positions,
     refuse_deepstack_beyond_first_stage,
 )
+from sglang_evs.multimodal.contract import FetchedEmbedding
 from sglang_evs.sglang_compat import PrefillLimits
 
 
@@ -109,3 +110,17 @@ def test_attach_refuses_a_language_model_it_cannot_reclass():
     model.model = Unknown()
     with pytest.raises(TypeError, match="SomeVLM built a .*Unknown language model.*only upstream's .*Upstream"):
         attach(model, None, Ours, 0, None)
+
+
+def test_deepstack_rows_go_to_the_buffer_and_a_medium_without_levels_passes_whole():
+    """Video rows [main | level 1 | level 2] split into the buffer; Qwen3-Omni's audio rows (main only) pass."""
+    hidden, buffers = 2, GraphInputs(capacity=6, deepstack_width=4, mrope=False)
+    carried = buffers.write(6, None)
+    video_mask = torch.tensor([0, 1, 1, 0, 0, 0], dtype=torch.bool)[:, None]
+    audio_mask = torch.tensor([0, 0, 0, 1, 1, 0], dtype=torch.bool)[:, None]
+    video = FetchedEmbedding("video", torch.arange(12.0).reshape(2, 6), video_mask)
+    audio = FetchedEmbedding("audio", torch.full((2, hidden), 9.0), audio_mask)
+    main = _split_deepstack([video, audio], carried, hidden)
+    assert torch.equal(main[0].embedding, torch.tensor([[0.0, 1.0], [6.0, 7.0]])) and main[1] is audio
+    assert torch.equal(buffers.deepstack[1:3], torch.tensor([[2.0, 3.0, 4.0, 5.0], [8.0, 9.0, 10.0, 11.0]]))
+    assert not buffers.deepstack[[0, 3, 4, 5]].any()

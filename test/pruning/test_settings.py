@@ -148,6 +148,10 @@ def test_encoder_disaggregation_of_a_family_whose_encoder_path_is_not_exact_refu
     assert conflicting_setup(SimpleNamespace(), qwen2_5_vl) is None  # one server prunes it
     qwen3_vl = SimpleNamespace(architectures=["Qwen3VLForConditionalGeneration"])
     assert conflicting_setup(SimpleNamespace(language_only=True), qwen3_vl) is None
+    omni = SimpleNamespace(architectures=["Qwen3OmniMoeForConditionalGeneration"])  # a path never run with pruning
+    conflict = conflicting_setup(SimpleNamespace(encoder_only=True), omni)
+    assert conflict.startswith("encoder disaggregation (--encoder-only) of Qwen3OmniMoeForConditionalGeneration")
+    assert conflicting_setup(SimpleNamespace(), omni) is None
 
 
 def language_server(default: dict | None = None, transport: str = "auto") -> SimpleNamespace:

@@ -126,6 +126,9 @@ def fill_graph_inputs(model, fetched: list[FetchedEmbedding], layout: BatchLayou
 def _split_deepstack(fetched: list[FetchedEmbedding], carried: CarriedInputs, hidden: int) -> list[FetchedEmbedding]:
     main = []
     for item in fetched:
+        if item.embedding.shape[1] == hidden:  # a medium without deepstack levels (Qwen3-Omni's audio)
+            main.append(item)
+            continue
         sglang.scatter_mm_embedding(dest=carried.deepstack, mask=item.mask, src=item.embedding[:, hidden:])
         main.append(replace(item, embedding=item.embedding[:, :hidden]))
     if trace.enabled():

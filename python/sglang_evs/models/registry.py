@@ -26,11 +26,20 @@ MODELS: dict[str, Entry] = {
     "Qwen3_5MoeForConditionalGeneration": Entry("qwen3_5:Qwen3_5MoeForConditionalGeneration", "UpstreamQwen3_5Moe"),
     "Qwen2_5_VLForConditionalGeneration": Entry("qwen2_vl:Qwen2_5_VLForConditionalGeneration", "UpstreamQwen2_5_VL"),
     "Qwen2VLForConditionalGeneration": Entry("qwen2_vl:Qwen2VLForConditionalGeneration", "UpstreamQwen2VL"),
+    # Qwen3-Omni: its thinker (a Qwen3-VL-MoE with an audio tower) prunes; audio never
+    "Qwen3OmniMoeForConditionalGeneration": Entry(
+        "qwen3_omni:Qwen3OmniMoeForConditionalGeneration", "UpstreamQwen3Omni"
+    ),
     "Qwen4ExpForConditionalGeneration": Entry("qwen4_exp:Qwen4ExpForConditionalGeneration", "UpstreamQwen4Exp"),
     # GLM-4.1V / GLM-4.5V: their own processor and video layout (pruning.families.GLM4V)
     "Glm4vForConditionalGeneration": Entry("glm4v:Glm4vForConditionalGeneration", "UpstreamGlm4v"),
     "Glm4vMoeForConditionalGeneration": Entry("glm4v:Glm4vMoeForConditionalGeneration", "UpstreamGlm4vMoe"),
 }
+
+
+# Architectures whose prefill upstream keeps eager and the plugin leaves so (the others it serves join SGLang's
+# breakable prefill-graph allowlist, `plugin.py`): Qwen3-Omni, whose graph-mode suite has not been run.
+EAGER_PREFILL = ("Qwen3OmniMoeForConditionalGeneration",)
 
 
 # Speculative drafts that must see what the target sees (SGLang names the draft's architecture itself).

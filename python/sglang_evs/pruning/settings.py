@@ -86,7 +86,8 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
       run a tree with pruning, on any device: the CPU route runs chains only);
     - encoder disaggregation over a transport other than SGLang's default `zmq_to_scheduler` (the
       encoder prunes and sends a record per video with the kept rows, `pruning/disaggregated.py`;
-      Mooncake publishes the row counts before the encoder has run);
+      Mooncake publishes the row counts before the encoder has run), or of a model whose encoder path is
+      inexact upstream or has not been run with pruning;
     - prefill/decode disaggregation: never run with pruning (SGLang's KV transfer engines need RDMA or a
       GPU; its prefill server refuses the test backend), so not proven exact.
     """
@@ -108,12 +109,16 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     architecture = (getattr(hf_config, "architectures", None) or [None])[0]
     if role is not None and architecture in INEXACT_ENCODER_PATH:
         return f"{role} of {architecture} (SGLang's encoder path serves it other tokens than one server even at q = 0)"
+    if role is not None and architecture in UNRUN_ENCODER_PATH:
+        return f"{role} of {architecture} (never run with pruning: its thinker's config carries no encoder role)"
     return None
 
 
 # Measured on SGLang 0.5.23 without the plugin: an encoder/language pair answers these other greedy tokens than
 # one server does, prompt tokens equal, at q = 0 (video and image prompts); pruning there could not be exact.
 INEXACT_ENCODER_PATH = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+# Served through a wrapper whose thinker prunes (models/qwen3_omni.py); its encoder path has not been run.
+UNRUN_ENCODER_PATH = ("Qwen3OmniMoeForConditionalGeneration",)
 
 
 # The encoder transport that carries a video's pruning record with its kept rows (pruning/disaggregated.py).

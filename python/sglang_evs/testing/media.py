@@ -54,8 +54,9 @@ def clip_frames(
     return frames
 
 
-def write_mp4(path: str | Path, frames: np.ndarray, fps: int = 4) -> Path:
-    """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p, near-lossless) with PyAV."""
+def write_mp4(path: str | Path, frames: np.ndarray, fps: int = 4, soundtrack: np.ndarray | None = None) -> Path:
+    """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p, near-lossless) with PyAV; `soundtrack` (mono
+    float32 samples at SOUND_RATE) as an AAC stream beside them."""
     import av
 
     path = Path(path)
@@ -66,16 +67,19 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: int = 4) -> Path:
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": "1", "preset": "veryfast"}
+        sound = None if soundtrack is None else _aac_stream(container)
         for frame in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if sound is not None:
+            _encode_sound(container, sound, soundtrack)
     return path
 
 
-def write_clip(path: str | Path, kind: str, fps: int = 4, **frame_kwargs) -> Path:
-    return write_mp4(path, clip_frames(kind, **frame_kwargs), fps=fps)
+def write_clip(path: str | Path, kind: str, fps: int = 4, soundtrack: np.ndarray | None = None, **frame_kwargs) -> Path:
+    return write_mp4(path, clip_frames(kind, **frame_kwargs), fps=fps, soundtrack=soundtrack)
 
 
 def write_image(path: str | Path, height: int = 64, width: int = 64, seed: int = 0) -> Path:
@@ -93,24 +97,39 @@ def write_image(path: str | Path, height: int = 64, width: int = 64, seed: int =
     return path
 
 
-def write_tone(
-    path: str | Path, seconds: float = 2.0, frequency: float = 440.0, sample_rate: int = 16000
-) -> Path:  # fmt: skip
-    """A mono tone whose loudness swells three times a second, as AAC in an MP4 (.m4a) container."""
+SOUND_RATE = 16000  # samples per second of the tones written here
+
+
+def tone(seconds: float = 2.0, frequency: float = 440.0) -> np.ndarray:
+    """A mono tone whose loudness swells three times a second: float32 samples at SOUND_RATE."""
+    t = np.arange(int(seconds * SOUND_RATE)) / SOUND_RATE
+    return (0.3 * np.sin(2 * np.pi * frequency * t) * (1 + np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+
+
+def write_tone(path: str | Path, seconds: float = 2.0, frequency: float = 440.0) -> Path:
+    """`tone` as AAC in an MP4 (.m4a) container."""
     import av
 
-    t = np.arange(int(seconds * sample_rate)) / sample_rate
-    wave = 0.3 * np.sin(2 * np.pi * frequency * t) * (1 + np.sin(2 * np.pi * 3 * t))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), mode="w", format="mp4") as container:
-        stream = container.add_stream("aac", rate=sample_rate)
-        stream.layout = "mono"
-        frame = av.AudioFrame.from_ndarray(wave.astype(np.float32)[None, :], format="fltp", layout="mono")
-        frame.sample_rate = sample_rate
-        for packet in [*stream.encode(frame), *stream.encode(None)]:
-            container.mux(packet)
+        _encode_sound(container, _aac_stream(container), tone(seconds, frequency))
     return path
+
+
+def _aac_stream(container):
+    stream = container.add_stream("aac", rate=SOUND_RATE)
+    stream.layout = "mono"
+    return stream
+
+
+def _encode_sound(container, stream, samples: np.ndarray) -> None:
+    import av
+
+    frame = av.AudioFrame.from_ndarray(samples[None, :], format="fltp", layout="mono")
+    frame.sample_rate = SOUND_RATE
+    for packet in [*stream.encode(frame), *stream.encode(None)]:
+        container.mux(packet)
 
 
 def main() -> None:
