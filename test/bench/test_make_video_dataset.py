@@ -73,3 +73,20 @@ def test_warmup_clip_has_the_shape_of_the_clips_and_is_in_no_request(dataset):
     assert "warmup.mp4" not in dataset.read_text()
     clips = {c["file"] for c in json.loads((dataset.parent / "clips.json").read_text())}
     assert not any(np.array_equal(decode(warmup), decode(dataset.parent / f)) for f in clips)
+
+
+def test_with_sound_each_request_carries_a_tone_as_long_as_its_clip(tmp_path):
+    """For models that hear (Qwen3-Omni): an audio part after the video, a tone per clip, its own pitch."""
+    from sglang.srt.utils.common import load_audio
+
+    from sglang_evs.testing.media import SOUND_RATE
+
+    dataset = make_video_dataset(tmp_path, num=2, seconds=2, max_tokens=4, with_sound=True)
+    lines = [json.loads(line) for line in dataset.read_text().splitlines()]
+    sounds = []
+    for line in lines:
+        kinds = [part["type"] for part in line["messages"][0]["content"]]
+        assert kinds == ["video_url", "audio_url", "text"]
+        sounds.append(load_audio(line["messages"][0]["content"][1]["audio_url"]["url"].removeprefix("file://")))
+    assert all(abs(len(sound) - 2 * SOUND_RATE) < 0.2 * SOUND_RATE for sound in sounds)  # AAC pads a frame or two
+    assert not np.allclose(sounds[0][: len(sounds[1])], sounds[1][: len(sounds[0])], atol=1e-2)

@@ -43,10 +43,12 @@ def clip_kinds(num: int, static_share: float, kind: str, seed: int) -> list[str]
     return kinds
 
 
-def request_line(video: Path, max_tokens: int, prompt: str = PROMPT) -> dict:
-    """One dataset line: an OpenAI chat request with one video and one text part."""
+def request_line(video: Path, max_tokens: int, prompt: str = PROMPT, sound: Path | None = None) -> dict:
+    """One dataset line: an OpenAI chat request with one video, its `sound` (an audio part) if given, and one
+    text part."""
     content = [
         {"type": "video_url", "video_url": {"url": f"file://{video.resolve()}"}},
+        *([{"type": "audio_url", "audio_url": {"url": f"file://{sound.resolve()}"}}] if sound else []),
         {"type": "text", "text": prompt},
     ]
     return {
@@ -73,8 +75,10 @@ def make_video_dataset(
     fps: int = 4,
     max_tokens: int = 8,
     seed: int = 0,
+    with_sound: bool = False,
 ) -> Path:
-    """Write the clips, ``clips.json`` and ``dataset.jsonl``; return the path of ``dataset.jsonl``."""
+    """Write the clips, ``clips.json`` and ``dataset.jsonl``; return the path of ``dataset.jsonl``.
+    ``with_sound``: every request also carries a tone as long as its clip (for models that hear)."""
     if kind not in ("moving", "noise"):
         raise ValueError(f"kind must be moving or noise, got {kind!r}")
     out = Path(out_dir)
@@ -87,8 +91,11 @@ def make_video_dataset(
             out / f"clip_{i:03d}.mp4", clip_kind, fps=fps, num_frames=num_frames,
             height=height, width=width, seed=seed + i, object_size=object_size,
         )  # fmt: skip
+        sound = None
+        if with_sound:
+            sound = media.write_tone(out / f"clip_{i:03d}.m4a", seconds=seconds, frequency=220.0 * (1 + i))
         clips.append({"file": path.name, "kind": clip_kind, "num_frames": num_frames, "fps": fps})
-        lines.append(json.dumps(request_line(path, max_tokens)))
+        lines.append(json.dumps(request_line(path, max_tokens, sound=sound)))
     media.write_clip(
         out / WARMUP_CLIP, kind, fps=fps, num_frames=num_frames, height=height, width=width, seed=seed + num,
         object_size=object_size,
@@ -111,10 +118,11 @@ def main() -> None:
     parser.add_argument("--fps", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8, help="output length of every request")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--with-sound", action="store_true", help="a tone beside every clip (Qwen3-Omni)")
     args = parser.parse_args()
     path = make_video_dataset(
         args.out_dir, args.num, args.static_share, args.kind, args.object_size,
-        args.seconds, parse_size(args.size), args.fps, args.max_tokens, args.seed,
+        args.seconds, parse_size(args.size), args.fps, args.max_tokens, args.seed, args.with_sound,
     )  # fmt: skip
     print(path)
 

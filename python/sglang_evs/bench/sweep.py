@@ -85,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--image-prompts", type=int, default=2)
     parser.add_argument("--prefill-reps", type=int, default=3)
     parser.add_argument("--dataset", type=Path, help="a make_video_dataset dataset.jsonl (default: generate)")
+    parser.add_argument("--with-sound", action="store_true",
+                        help="generated dataset: a tone beside every clip, as long as it (Qwen3-Omni)")  # fmt: skip
     parser.add_argument("--static-share", type=float, default=0.5)
     parser.add_argument("--kind", choices=["moving", "noise"], default="moving")
     parser.add_argument("--seconds", type=float, default=4.0)
@@ -105,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     num = args.concurrency if args.load else args.num_prompts
     dataset = args.dataset or make_video_dataset(
         out / "clips", num, args.static_share, args.kind, seconds=args.seconds, size=parse_size(args.size),
-        fps=args.fps, max_tokens=args.max_tokens,
+        fps=args.fps, max_tokens=args.max_tokens, with_sound=args.with_sound,
     )  # fmt: skip
     if args.load:
         result = load(model, dataset, out, args.load_rates, args.concurrency, server_args, args.rounds)

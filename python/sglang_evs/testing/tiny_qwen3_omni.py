@@ -22,6 +22,7 @@ from sglang_evs.testing.tiny_core import (
     VISION_OUTPUT_GAIN,
     Vocabulary,
     build_tokenizer,
+    merge,
     redraw_language_model,
 )
 
@@ -87,15 +88,33 @@ def build_config(tokenizer, overrides: Mapping[str, Any] | None = None):
     )  # fmt: skip
 
 
-def build(out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None, seed: int = 0) -> Path:
-    """Write config, seeded random bf16 thinker weights in the released layout, tokenizer, processor and
-    chat template to `out_dir`."""
+# `small`: a thinker whose language model dominates prefill time, for the EVS time-to-first-token benchmark:
+# 8 MoE layers at 2048 wide (16 query heads of 128 with 4 KV heads, 4 experts of 3072, 2 per token; M-RoPE
+# 24/20/20), the tiny vision (a third block) and audio towers writing that width.
+SMALL = dict(
+    text_config=dict(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+        head_dim=128, moe_intermediate_size=3072,
+        rope_parameters={**TEXT["rope_parameters"], "mrope_section": [24, 20, 20]},  # build_config merges one level
+    ),
+    # three deepstack levels, as released: SGLang's Qwen3-VL-MoE language model adds them after layers 0-2
+    vision_config=dict(out_hidden_size=2048, depth=3, deepstack_visual_indexes=[0, 1, 2]),
+    audio_config=dict(output_dim=2048),
+)  # fmt: skip
+PROFILES = {"tiny": {}, "small": SMALL}
+
+
+def build(
+    out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None, seed: int = 0, profile: str = "tiny"
+) -> Path:
+    """Write config (the `profile`'s fields, then `config_overrides`), seeded random bf16 thinker weights in the
+    released layout, tokenizer, processor and chat template to `out_dir`."""
     import torch
     from safetensors.torch import save_file
     from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe
 
     tokenizer = build_tokenizer(vocabulary=OMNI_VOCABULARY)
-    config = build_config(tokenizer, config_overrides)
+    config = build_config(tokenizer, merge(PROFILES[profile], config_overrides or {}))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
