@@ -192,12 +192,16 @@ def test_prompt_tokens_follow_the_evs_count(served, q):
 
 
 def test_audio_is_never_pruned_nor_counted_as_video(served):
+    """A video + audio prompt at .75: the video's counts are those of the same video alone."""
     unpruned, pruned = served.with_audio[0.0], served.with_audio[0.75]
     video_only = served.video["noise", 0.75]
     assert pruned.meta["video_tokens_before_pruning"] == video_only.meta["video_tokens_before_pruning"]
     assert pruned.meta["video_tokens_after_pruning"] == video_only.meta["video_tokens_after_pruning"]
     pruned_count = pruned.meta["video_tokens_before_pruning"] - pruned.meta["video_tokens_after_pruning"]
     assert pruned.prompt_tokens == unpruned.prompt_tokens - pruned_count  # the audio's rows all stayed
+    # SGLang's own usage reports each medium apart: the audio's count unchanged, the video's the kept rows
+    assert pruned.meta["audio_tokens"] == unpruned.meta["audio_tokens"] > 0
+    assert pruned.meta["video_tokens"] == pruned.meta["video_tokens_after_pruning"] < unpruned.meta["video_tokens"]
 
 
 def test_audio_rows_keep_their_count_and_positions_at_q75(served, tiny_qwen3_omni_dir, clips, media_dir):
