@@ -6,6 +6,7 @@ The server's default rate is 0.5; requests override it with
 
 import asyncio
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
@@ -357,6 +358,16 @@ def served_mask(trace_path: Path):
     return mask
 
 
+def checked_mask(served_mask: Callable, seen: dict) -> Callable:
+    """The server's keep-mask as `hf_greedy`'s `keep_mask`, keeping what HF computed it on for a check."""
+
+    def mask(rows, grid, merge, q):
+        seen["served"], seen["args"] = served_mask(rows, grid, merge, q), (rows, grid, merge, q)
+        return seen["served"]
+
+    return mask
+
+
 def assert_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q, tie: float = MASK_TIE):
     """The server's mask is the oracle's on HF's features, except rows whose scores are within `tie` of
     the cut-off (static background scores ~0; the two encoders' rounding then picks among equals)."""
@@ -375,12 +386,8 @@ def test_greedy_tokens_equal_hf_oracle(evs_server, evs_trace, tiny_model_dir, q,
     reference positions."""
     clip = unseen_clip(evs_trace, clip, f"evs{q}")
     reply = video_request(evs_server, clip, q=q)
-    mask, seen = served_mask(evs_trace), {}
-
-    def checked(rows, grid, merge, q):
-        seen["served"], seen["args"] = mask(rows, grid, merge, q), (rows, grid, merge, q)
-        return seen["served"]
-
+    seen = {}
+    checked = checked_mask(served_mask(evs_trace), seen)
     assert_matches_hf(reply, hf_pruned_greedy(tiny_model_dir, clip, q, keep_mask=checked))
     assert_masks_agree_up_to_ties(seen["served"], *seen["args"])
 

@@ -50,6 +50,7 @@ from test_evs_serving import (  # noqa: E402
     HFReference,
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
+    checked_mask,
     expected_positions,
     hf_greedy_on_kept,
     rule_positions,
@@ -459,16 +460,6 @@ def test_unpruned_greedy_tokens_equal_hf(served, arch, model_dir, media_dir):
     assert_matches_hf(got["image"], reference, tolerance)
     reference = hf_greedy(arch, model_dir, chat_prompt(VIDEO), clip=media_dir / "moving.mp4", follow=got["video"])
     assert_matches_hf(got["video"], reference, tolerance)
-
-
-def checked_mask(served_mask: Callable, seen: dict) -> Callable:
-    """The server's keep-mask as `hf_greedy`'s `keep_mask`, keeping what HF computed it on for a check."""
-
-    def mask(rows, grid, merge, q):
-        seen["served"], seen["args"] = served_mask(rows, grid, merge, q), (rows, grid, merge, q)
-        return seen["served"]
-
-    return mask
 
 
 @pytest.mark.parametrize("q", ORACLE_RATES)

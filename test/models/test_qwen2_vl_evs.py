@@ -39,6 +39,7 @@ from test_evs_serving import (  # noqa: E402
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
     assert_same_generation,
+    checked_mask,
     hf_greedy_on_kept,
     served_in_chunks,
     served_mask,
@@ -218,14 +219,8 @@ def test_greedy_tokens_and_logprobs_equal_hf_oracle(served, clips, q, clip):
     architecture, model_dir, server, trace_path = served
     clip = unseen_clip(trace_path, clip, f"evs{q}")
     reply = video(server, clip, q)
-    mask = served_mask(trace_path)
     seen = {}
-
-    def checked(rows, grid, merge, q):
-        seen["served"], seen["args"] = mask(rows, grid, merge, q), (rows, grid, merge, q)
-        return seen["served"]
-
-    reference = hf_pruned_greedy(model_dir, clip, q, mask_oracle=checked)
+    reference = hf_pruned_greedy(model_dir, clip, q, mask_oracle=checked_mask(served_mask(trace_path), seen))
     assert_matches_hf(reply, reference, HF_TOLERANCE[architecture])
     assert_masks_agree_up_to_ties(seen["served"], *seen["args"])
 

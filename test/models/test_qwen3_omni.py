@@ -48,6 +48,7 @@ from test_evs_serving import (  # noqa: E402
     HFReference,
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
+    checked_mask,
     hf_greedy_on_kept,
     served_mask,
 )
@@ -322,14 +323,6 @@ def hf_greedy(model_dir: Path, prompt: str, clip: Path, audio: Path | None = Non
                                  shift_text_back, visual=is_pad, deepstack=deepstack)  # fmt: skip
 
 
-def checked(mask: Callable, seen: dict) -> Callable:
-    def keep(rows, grid, merge, q):
-        seen["served"], seen["args"] = mask(rows, grid, merge, q), (rows, grid, merge, q)
-        return seen["served"]
-
-    return keep
-
-
 def test_unpruned_greedy_tokens_equal_hf(served, tiny_qwen3_omni_dir, clips, media_dir):
     assert_matches_hf(served.video["moving", 0.0], hf_greedy(tiny_qwen3_omni_dir, chat_prompt(VIDEO), clips["moving"]),
                       HF_LOGPROB_TOLERANCE)  # fmt: skip
@@ -343,7 +336,7 @@ def test_pruned_greedy_tokens_equal_hf_oracle(served, tiny_qwen3_omni_dir, clips
     """HF given the server's mask, which must be the oracle's on HF's features up to ties."""
     seen = {}
     reference = hf_greedy(tiny_qwen3_omni_dir, chat_prompt(VIDEO), clips[clip], q=q,
-                          keep_mask=checked(served.masks["evs", clip, q], seen))  # fmt: skip
+                          keep_mask=checked_mask(served.masks["evs", clip, q], seen))  # fmt: skip
     assert_matches_hf(served.video[clip, q], reference, HF_LOGPROB_TOLERANCE)
     assert_masks_agree_up_to_ties(seen["served"], *seen["args"])
     assert seen["served"][int(seen["served"].numel()) // GROUPS :].any()  # kept rows beyond the first group
@@ -359,7 +352,7 @@ def test_video_and_audio_pruned_equal_hf_oracle(served, tiny_qwen3_omni_dir, cli
 def test_vidcom2_greedy_tokens_equal_hf_oracle(served, tiny_qwen3_omni_dir, clips, clip):
     seen = {}
     reference = hf_greedy(tiny_qwen3_omni_dir, chat_prompt(VIDEO), clips[clip], q=0.5,
-                          keep_mask=checked(served.masks["vidcom2", clip, 0.5], seen))  # fmt: skip
+                          keep_mask=checked_mask(served.masks["vidcom2", clip, 0.5], seen))  # fmt: skip
     assert_matches_hf(served.vidcom2[clip], reference, HF_LOGPROB_TOLERANCE)
     assert torch.equal(seen["served"], vidcom2_keep_mask(*seen["args"]))
 
