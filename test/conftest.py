@@ -162,8 +162,8 @@ def tiny_qwen4_exp_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_qwen4_exp_mtp_dir() -> Path:
-    """A tiny Qwen4-Exp whose config declares an MTP layer, as released ones do (its weights left out: only the
-    refusal to prune with its draft, at startup, is served)."""
+    """A tiny Qwen4-Exp whose config declares an MTP layer, as released ones do (its weights left out:
+    transformers' Qwen4-Exp has no module for it; served with `--speculative-draft-load-format dummy`)."""
     mtp = {"text_config": {"mtp_num_hidden_layers": 1}}
     return build_cached_model("tiny", "Qwen4ExpForConditionalGeneration", mtp, "mtp")
 

@@ -65,6 +65,7 @@ INTERNALS: dict[str, str] = {
     # Qwen4-Exp (a Qwen3-VL on a hybrid language model with hyper-connections and per-layer embeddings)
     "UpstreamQwen4Exp": "sglang.srt.models.qwen4_exp:Qwen4ExpForConditionalGeneration",
     "UpstreamQwen4ExpVLModel": "sglang.srt.models.qwen4_exp:Qwen4ExpVLModel",
+    "UpstreamQwen4ExpMTP": "sglang.srt.models.qwen4_exp_mtp:Qwen4ExpForCausalLMMTP",  # its NEXTN draft
     "LogitsProcessorOutput": "sglang.srt.layers.logits_processor:LogitsProcessorOutput",
     # Qwen2-VL, Qwen2.5-VL (both on SGLang's Qwen2 language model)
     "UpstreamQwen2VL": "sglang.srt.models.qwen2_vl:Qwen2VLForConditionalGeneration",

@@ -62,7 +62,7 @@ WITH_MTP = SimpleNamespace(
     architectures=["Qwen3_5ForConditionalGeneration"], text_config=SimpleNamespace(mtp_num_hidden_layers=1)
 )
 WITHOUT_MTP = SimpleNamespace(architectures=["Qwen3_5ForConditionalGeneration"], text_config=SimpleNamespace())
-# Qwen4-Exp's MTP layer drafts through SGLang's own class, which reads 1-D positions
+# Qwen4-Exp's MTP layer drafts through SGLang's class, given the target's positions by the plugin
 QWEN4_EXP_WITH_MTP = SimpleNamespace(
     architectures=["Qwen4ExpForConditionalGeneration"], text_config=SimpleNamespace(mtp_num_hidden_layers=1)
 )
@@ -84,11 +84,12 @@ QWEN4_EXP_WITH_MTP = SimpleNamespace(
             WITHOUT_MTP,
             "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm NEXTN)",
         ),
+        ({"speculative_algorithm": "NEXTN", "model_path": "m"}, QWEN4_EXP_WITH_MTP, None),
         (
             {"speculative_algorithm": "NEXTN", "model_path": "m"},
-            QWEN4_EXP_WITH_MTP,
+            SimpleNamespace(architectures=["Qwen3_5ForCausalLM"], text_config=SimpleNamespace(mtp_num_hidden_layers=1)),
             "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm NEXTN)",
-        ),
+        ),  # a target whose MTP draft the plugin does not serve
         (
             {"speculative_algorithm": "EAGLE", "pp_size": 2},
             WITH_MTP,

@@ -31,8 +31,9 @@ class Qwen3_5MoeForConditionalGeneration(AdaptedModel, sglang.UpstreamQwen3_5Moe
     language_model_cls = Qwen3_5MoeLLMModel
 
 
-class Qwen3_5MTP(sglang.UpstreamQwen3_5MTP):
-    """The NEXTN draft (one MTP layer, dense or MoE), given the target's M-RoPE positions.
+class ReadsTargetPositions:
+    """Mixin for a NEXTN draft (the checkpoint's own MTP layer), placed before upstream's class: the draft
+    is given the target's M-RoPE positions.
 
     Upstream hands the draft the 1-D positions (the token's index in the sequence) where the target
     reads M-RoPE ones: the same numbers for text, other ones for every media token and every token
@@ -57,6 +58,10 @@ class Qwen3_5MTP(sglang.UpstreamQwen3_5MTP):
         if trace.positions_enabled():
             trace_rope_positions("draft", positions, forward_batch)
         return super().forward(input_ids, positions, forward_batch, input_embeds, **kwargs)
+
+
+class Qwen3_5MTP(ReadsTargetPositions, sglang.UpstreamQwen3_5MTP):
+    """The NEXTN draft of Qwen3.5 / Qwen3.6 (one MTP layer, dense or MoE)."""
 
 
 EntryClass = [Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration, Qwen3_5MTP]

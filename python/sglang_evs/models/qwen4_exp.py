@@ -7,11 +7,15 @@ pruning, the kept ones, as transformers' model reads them given the pruned promp
 have no deepstack levels. Everything else is `models/adapter.py`, except one step of upstream's
 forward kept here: the hyper-connection streams replace the logits output's hidden states (what its
 MTP draft reads).
+
+Served with its MTP head (`--speculative-algorithm NEXTN`), the draft is `Qwen4ExpMTP` below: upstream's,
+given the target's M-RoPE positions as Qwen3.5's is (`qwen3_5.ReadsTargetPositions`).
 """
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.models.adapter import AdaptedModel
 from sglang_evs.models.graph_inputs import ReadsGraphInputs
+from sglang_evs.models.qwen3_5 import ReadsTargetPositions
 
 
 class Qwen4ExpVLModel(ReadsGraphInputs, sglang.UpstreamQwen4ExpVLModel):
@@ -30,4 +34,8 @@ class Qwen4ExpForConditionalGeneration(AdaptedModel, sglang.UpstreamQwen4Exp):
         return output
 
 
-EntryClass = [Qwen4ExpForConditionalGeneration]
+class Qwen4ExpMTP(ReadsTargetPositions, sglang.UpstreamQwen4ExpMTP):
+    """The NEXTN draft of Qwen4-Exp (one MTP layer with its hyper-connections)."""
+
+
+EntryClass = [Qwen4ExpForConditionalGeneration, Qwen4ExpMTP]

@@ -45,6 +45,7 @@ EAGER_PREFILL = ("Qwen3OmniMoeForConditionalGeneration",)
 # Speculative drafts that must see what the target sees (SGLang names the draft's architecture itself).
 DRAFT_MODELS: dict[str, Entry] = {
     "Qwen3_5ForCausalLMMTP": Entry("qwen3_5:Qwen3_5MTP", "UpstreamQwen3_5MTP"),
+    "Qwen4ExpForCausalLMMTP": Entry("qwen4_exp:Qwen4ExpMTP", "UpstreamQwen4ExpMTP"),
 }
 # Drafts that see it already, answered only where positions are traced (to record what they were handed).
 TRACED_DRAFT_MODELS: dict[str, Entry] = {

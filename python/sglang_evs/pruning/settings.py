@@ -127,8 +127,12 @@ PRUNING_TRANSPORT = "zmq_to_scheduler"
 
 EAGLE3_DRAFT = "LlamaForCausalLMEagle3"  # SGLang 0.5.23's EAGLE3 draft; it reads M-RoPE where its config has them
 # Targets whose NEXTN draft (SGLang builds it from the checkpoint's MTP layer) the plugin serves with the target's
-# positions (`models/qwen3_5.py`). Qwen4-Exp's draft (`Qwen4ExpForCausalLMMTP`) is SGLang's, on 1-D positions.
-MTP_DRAFT_TARGETS = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+# positions (`models/qwen3_5.py`, `models/qwen4_exp.py`, `registry.DRAFT_MODELS`).
+MTP_DRAFT_TARGETS = (
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen4ExpForConditionalGeneration",
+)
 
 
 def draft_reads_target_positions(server_args, hf_config) -> bool:
