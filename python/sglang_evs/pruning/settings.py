@@ -107,18 +107,21 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     if role is not None and transport not in (PRUNING_TRANSPORT, "auto"):  # auto: zmq_to_scheduler for ours
         return f"{role} over --encoder-transfer-backend {transport}"
     architecture = (getattr(hf_config, "architectures", None) or [None])[0]
-    if role is not None and architecture in INEXACT_ENCODER_PATH:
-        return f"{role} of {architecture} (SGLang's encoder path serves it other tokens than one server even at q = 0)"
-    if role is not None and architecture in UNRUN_ENCODER_PATH:
-        return f"{role} of {architecture} (never run with pruning: its thinker's config carries no encoder role)"
+    if role is not None and architecture in UNPROVEN_ENCODER_PATH:
+        return f"{role} of {architecture} ({UNPROVEN_ENCODER_PATH[architecture]})"
     return None
 
 
-# Measured on SGLang 0.5.23 without the plugin: an encoder/language pair answers these other greedy tokens than
-# one server does, prompt tokens equal, at q = 0 (video and image prompts); pruning there could not be exact.
-INEXACT_ENCODER_PATH = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
-# Served through a wrapper whose thinker prunes (models/qwen3_omni.py); its encoder path has not been run.
-UNRUN_ENCODER_PATH = ("Qwen3OmniMoeForConditionalGeneration",)
+# Architectures whose encoder/language pair pruning is refused for -> why.
+_INEXACT = "SGLang's encoder path serves it other tokens than one server even at q = 0"
+UNPROVEN_ENCODER_PATH = {
+    # Measured on SGLang 0.5.23 without the plugin: the pair answers other greedy tokens than one server does,
+    # prompt tokens equal, at q = 0 (video and image prompts); pruning there could not be exact.
+    "Qwen2VLForConditionalGeneration": _INEXACT,
+    "Qwen2_5_VLForConditionalGeneration": _INEXACT,
+    # Served through a wrapper whose thinker prunes (models/qwen3_omni.py); its encoder path has not been run.
+    "Qwen3OmniMoeForConditionalGeneration": "never run with pruning: its thinker's config carries no encoder role",
+}
 
 
 # The encoder transport that carries a video's pruning record with its kept rows (pruning/disaggregated.py).

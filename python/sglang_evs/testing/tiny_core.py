@@ -189,6 +189,13 @@ def qwen3_vl_processor(tokenizer, config=None):
     )
 
 
+def profile_of(profiles: Mapping[str, Any], profile: str, architecture: str) -> Any:
+    """A family's entry for `profile`, or an error naming the profiles the family has."""
+    if profile not in profiles:
+        raise ValueError(f"{architecture} has no {profile!r} profile (it has: {', '.join(profiles)})")
+    return profiles[profile]
+
+
 def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in overrides.items():
@@ -263,7 +270,7 @@ def build_config(
         raise ValueError(f"{architecture} has profiles {sorted(arch.profiles)}, not {profile!r}")
     config_cls = getattr(transformers, arch.config_class)
     tokenizer = tokenizer if tokenizer is not None else build_tokenizer(vocabulary=arch.vocabulary)
-    fields, ids = arch.profiles[profile](), arch.token_ids(tokenizer)
+    fields, ids = profile_of(arch.profiles, profile, architecture)(), arch.token_ids(tokenizer)
     text, vision, top = {**fields.text, **ids.text}, fields.vision, {**fields.top, **ids.top}
 
     overrides = dict(config_overrides or {})

@@ -18,13 +18,13 @@ describing it:
   tiny_nemotron_vl.py  NemotronH_Nano_VL_V2 (config and tokenizer only)
   tiny_eagle3.py       an EAGLE3 draft for a tiny Qwen3-VL (`build_eagle3_draft`, `--eagle3-draft-for`)
 A new family is a module of its own: `Architecture` entries for the shared path (`tiny_core.build`), or a
-`build(out_dir, config_overrides, seed)` of its own; then one line in this module's registry.
+`build(out_dir, config_overrides, seed, profile)` of its own; then one line in this module's registry.
 
 Profiles:
   tiny   seconds on CPU; for correctness tests. Every architecture has one.
-  small  Qwen3-VL, Qwen2.5-VL, Qwen3.5 and GLM-4.1V: a language model that dominates prefill time, for
-         performance ratios such as EVS time-to-first-token, with the vision tower tiny (their modules
-         give the shapes).
+  small  Qwen3-VL, Qwen2.5-VL, Qwen3.5, Qwen4-Exp, Qwen3-Omni and GLM-4.1V: a language model that dominates
+         prefill time, for performance ratios such as EVS time-to-first-token, with the vision tower tiny
+         (their modules give the shapes).
   balanced  Qwen3-VL: small's language model under a tower with Qwen3-VL-2B's vision:language cost.
 
 --config-json overrides config fields: top-level keys, and dicts under "text_config" /
@@ -66,7 +66,7 @@ ARCHITECTURES: dict[str, tiny_core.Architecture] = {
     **tiny_llava.ARCHITECTURES,
     **tiny_glm4v.ARCHITECTURES,
 }
-# Families that write their checkpoint themselves: architecture -> `build(out_dir, config_overrides, seed)`.
+# Families that write their checkpoint themselves: architecture -> `build(out_dir, config_overrides, seed, profile)`.
 BUILDERS = {
     family.ARCHITECTURE: family.build
     for family in (
@@ -87,9 +87,7 @@ def build_tiny_model(
     """Write config, seeded random bf16 weights, tokenizer, processor and chat template to out_dir (see the
     family's module); the shared path also writes the profile, seed and overrides (sglang_evs_profile.json)."""
     if architecture in BUILDERS:
-        if profile != "tiny":  # a family with profiles of its own (tiny_qwen4_exp.PROFILES)
-            return BUILDERS[architecture](out_dir, config_overrides, seed, profile=profile)
-        return BUILDERS[architecture](out_dir, config_overrides, seed)
+        return BUILDERS[architecture](out_dir, config_overrides, seed, profile)
     out = tiny_core.build(out_dir, architecture, ARCHITECTURES[architecture], profile, config_overrides, seed)
     provenance: dict[str, Any] = {"profile": profile, "seed": seed}
     if architecture != DEFAULT_ARCHITECTURE or config_overrides:

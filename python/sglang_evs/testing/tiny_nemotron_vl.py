@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sglang_evs.testing.tiny_core import Vocabulary, build_tokenizer
+from sglang_evs.testing.tiny_core import Vocabulary, build_tokenizer, profile_of
 
 ARCHITECTURE = "NemotronH_Nano_VL_V2"
 
@@ -42,10 +42,14 @@ VOCABULARY = Vocabulary(
 )
 
 
-def build(out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None, seed: int = 0) -> Path:
+def build(
+    out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None, seed: int = 0, profile: str = "tiny"
+) -> Path:
     """Write config.json (top-level `config_overrides` applied), generation_config.json and the tokenizer;
     bfloat16, since SGLang's RADIO path casts pixels to bfloat16 and the tower would not take float32
-    weights. No weights are written, so `seed` draws nothing: SGLang's dummy loader seeds its own."""
+    weights. No weights are written, so `seed` draws nothing: SGLang's dummy loader seeds its own. `tiny` is
+    its one profile."""
+    profile_of({"tiny": None}, profile, ARCHITECTURE)
     tokenizer = build_tokenizer(vocabulary=VOCABULARY)
     tokenizer.add_special_tokens({"unk_token": "<unk>"})
     out = Path(out_dir)

@@ -23,6 +23,7 @@ from sglang_evs.testing.tiny_core import (
     Vocabulary,
     build_tokenizer,
     merge,
+    profile_of,
     redraw_language_model,
 )
 
@@ -114,7 +115,7 @@ def build(
     from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe
 
     tokenizer = build_tokenizer(vocabulary=OMNI_VOCABULARY)
-    config = build_config(tokenizer, merge(PROFILES[profile], config_overrides or {}))
+    config = build_config(tokenizer, merge(profile_of(PROFILES, profile, ARCHITECTURE), config_overrides or {}))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)

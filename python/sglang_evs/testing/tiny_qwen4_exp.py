@@ -23,6 +23,7 @@ from sglang_evs.testing.tiny_core import (
     VISION_OUTPUT_GAIN,
     build_tokenizer,
     merge,
+    profile_of,
     qwen3_vl_processor,
     qwen_token_id_fields,
     redraw_language_model,
@@ -78,10 +79,9 @@ def build(
     out_dir: str | Path, config_overrides: Mapping[str, Any] | None = None, seed: int = 0, profile: str = "tiny"
 ) -> Path:
     """Write config.json (the `profile`'s fields, then `config_overrides` merged: `text_config`, `vision_config`
-    and top-level keys),
-    seeded random bf16 weights (the language model at unit scale, the vision merger's output at
-    VISION_OUTPUT_GAIN, experts in the released layout, no indexer), the Qwen tokenizer and Qwen3-VL's
-    processor."""
+    and top-level keys), seeded random bf16 weights (the language model at unit scale, the vision merger's
+    output at VISION_OUTPUT_GAIN, experts in the released layout, no indexer), the Qwen tokenizer and
+    Qwen3-VL's processor."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -92,7 +92,7 @@ def build(
         architectures=[ARCHITECTURE], model_type="qwen4_exp", dtype="bfloat16",
         text_config={**TEXT, **ids.text}, vision_config=dict(VISION), **ids.top,
     )  # fmt: skip
-    config = merge(merge(config, PROFILES[profile]), config_overrides or {})
+    config = merge(merge(config, profile_of(PROFILES, profile, ARCHITECTURE)), config_overrides or {})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     drawn = transformers.Qwen4ExpConfig(**merge(config, {"text_config": DRAW_INDEXER}))
