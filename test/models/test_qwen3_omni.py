@@ -272,12 +272,19 @@ def hf_processor_inputs(model_dir: Path, prompt: str, clip: Path, audio: Path | 
     """transformers' processor on the prompt, as SGLang calls it: (its inputs, the thinker's config)."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_audio, load_video
-    from transformers import AutoConfig, AutoProcessor
 
     frames, _ = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
     kwargs: dict = {"videos": [frames]} | ({"audio": [load_audio(str(audio))]} if audio else {})
-    inputs = AutoProcessor.from_pretrained(model_dir)(text=[prompt], return_tensors="pt", **kwargs)
-    return inputs, AutoConfig.from_pretrained(model_dir).thinker_config
+    processor, config = processor_and_config(str(model_dir))
+    return processor(text=[prompt], return_tensors="pt", **kwargs), config
+
+
+@cache
+def processor_and_config(model_dir: str):
+    """transformers' processor of the checkpoint and its thinker's config, read once."""
+    from transformers import AutoConfig, AutoProcessor
+
+    return AutoProcessor.from_pretrained(model_dir), AutoConfig.from_pretrained(model_dir).thinker_config
 
 
 @cache
