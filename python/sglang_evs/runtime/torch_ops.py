@@ -34,8 +34,9 @@ def fused_sigmoid_mul_cpu(x: torch.Tensor, gate: torch.Tensor) -> None:
     x.copy_(x.float() * torch.sigmoid(gate.reshape(x.shape).float()))
 
 
-def _gemma_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Rows of x normalised in float32 and scaled by (1 + weight), as Qwen3.5's q/k norms."""
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Rows of x [..., D] normalised in float32 and scaled by (1 + weight [D]), as Qwen3.5's q/k norms and
+    Gemma's RMS norm (also the GPU route's `sgl_kernel.gemma_rmsnorm`); x's dtype."""
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (normed * (1.0 + weight.float())).to(x.dtype)
@@ -46,8 +47,8 @@ def fused_qk_gemma_rmsnorm_cpu(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, H*D], k [T, KH*D] (views allowed) -> per-head normalised [T*H, D], [T*KH, D], contiguous."""
     return (
-        _gemma_rmsnorm(q.reshape(-1, head_dim), q_weight, eps).contiguous(),
-        _gemma_rmsnorm(k.reshape(-1, head_dim), k_weight, eps).contiguous(),
+        gemma_rms_norm(q.reshape(-1, head_dim), q_weight, eps).contiguous(),
+        gemma_rms_norm(k.reshape(-1, head_dim), k_weight, eps).contiguous(),
     )
 
 

@@ -1,0 +1,369 @@
+"""The GPU route: SGLang 0.5.23 on CUDA without `sglang-kernel` (sgl_kernel) and without flashinfer.
+
+Activated in every process by `bootstrap` (the `.pth` of `sglang-evs-gpu-route`, scripts/gpu_route/setup.py)
+when `SGLANG_EVS_GPU_ROUTE=1`, the CPU engine is off and no real `sgl_kernel` is importable. It then
+- serves `sgl_kernel` and the submodules SGLang imports on CUDA from `runtime/sgl_kernel_torch.py`
+  (pure torch, graph-capturable); any other name or submodule is absent, so SGLang's fallbacks apply;
+- sets `SGLANG_FORCE_FUSED_OP_BACKEND=torch` (unless set): every `BaseFusedOp` of SGLang (RMSNorm, SiluAndMul,
+  RotaryEmbedding and MRoPE, clamp_position, ...) runs its own `forward_native`, so nothing reaches a
+  JIT-compiled (nvcc) kernel or an `sgl_kernel` op through them;
+- after import, turns off the three JIT kernels SGLang reaches outside the fused ops on this path (the KV-cache
+  store, the gated activations' vector path, the vision QK-norm): SGLang's torch code then runs instead.
+
+flashinfer is never provided: with it absent, `is_flashinfer_available()` is False and SGLang's lazy
+imports of it are never resolved on this path. The server flags the route serves with are `SERVER_ARGS`.
+
+`python -m sglang_evs.runtime.gpu_route --check` runs on any machine (a CPU one included): with this hook
+installed and SGLang's `is_cuda()` made true while they import, it imports every module of the Qwen3-VL
+CUDA server path (`SERVER_MODULES`) and reports each `sgl_kernel` name asked for and how it resolved.
+"""
+
+import argparse
+import contextlib
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
+
+ROUTE_ENV = "SGLANG_EVS_GPU_ROUTE"
+
+# The flags a server takes on this route (added to the model, port and dtype flags of the caller). The prefill
+# graph backend is left to SGLang's default on CUDA (breakable, for the multimodal architectures on its
+# allowlist, which the plugin extends); decode CUDA graphs are on by default.
+SERVER_ARGS: tuple[str, ...] = (
+    "--device", "cuda",
+    "--attention-backend", "triton",          # SGLang's Triton kernels: no flashinfer, no sgl_kernel
+    "--mm-attention-backend", "triton_attn",  # the vision tower: Triton too (the Hopper default fa3 is sgl_kernel's)
+    "--sampling-backend", "pytorch",          # the default would be flashinfer's sampler where installed
+    "--disable-custom-all-reduce",            # sgl_kernel's all-reduce kernels (only with tp > 1)
+)  # fmt: skip
+
+# Set in each process of the route unless the caller set them.
+ENVIRONMENT: dict[str, str] = {
+    "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",  # every BaseFusedOp runs its forward_native
+}
+
+# Modules a Qwen3-VL server imports on CUDA with SERVER_ARGS: the launcher, the scheduler and its model runner,
+# the memory pools and radix cache, the layers, the attention backends, the vision tower, the multimodal
+# processor, the sampler and logits processor, the graph runners (decode and breakable prefill).
+SERVER_MODULES: tuple[str, ...] = (
+    "sglang.launch_server",
+    "sglang.srt.entrypoints.engine",
+    "sglang.srt.entrypoints.http_server",
+    "sglang.srt.managers.tokenizer_manager",
+    "sglang.srt.managers.detokenizer_manager",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.schedule_batch",
+    "sglang.srt.managers.mm_utils",
+    "sglang.srt.model_executor.model_runner",
+    "sglang.srt.model_executor.forward_batch_info",
+    "sglang.srt.model_executor.cuda_graph_buffer_registry",
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner",
+    "sglang.srt.model_executor.runner_backend_utils.weak_ref_tensor",
+    "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph",
+    "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.mem_cache.memory_pool_host",
+    "sglang.srt.mem_cache.allocation",
+    "sglang.srt.mem_cache.radix_cache",
+    "sglang.srt.layers.layernorm",
+    "sglang.srt.layers.activation",
+    "sglang.srt.layers.linear",
+    "sglang.srt.layers.vocab_parallel_embedding",
+    "sglang.srt.layers.rotary_embedding",
+    "sglang.srt.layers.radix_attention",
+    "sglang.srt.layers.logits_processor",
+    "sglang.srt.layers.sampler",
+    "sglang.srt.layers.attention.attention_registry",
+    "sglang.srt.layers.attention.triton_backend",
+    "sglang.srt.layers.attention.vision",
+    "sglang.srt.distributed.device_communicators.custom_all_reduce",
+    "sglang.srt.constrained.xgrammar_backend",
+    "sglang.srt.models.qwen3",
+    "sglang.srt.models.qwen3_vl",
+    "sglang.srt.multimodal.processors.qwen_vl",
+)
+
+# Looked up by SGLang on CUDA, absent here on purpose: where SGLang catches the ImportError itself.
+EXPECTED_ABSENT: dict[str, str] = {
+    "sgl_kernel.scalar_type": "layers/quantization/utils.py catches the ImportError and uses mock scalar types",
+    "sgl_kernel.allreduce": "custom_all_reduce_ops.py catches it; custom all-reduce is off (SERVER_ARGS) and tp is 1",
+}
+
+# "sgl_kernel.<name>" or "sgl_kernel.<submodule>" -> the SGLang modules that asked for it (this process)
+ASKED: dict[str, set[str]] = {}
+# the modules of AFTER_IMPORT whose fix ran (this process)
+APPLIED: set[str] = set()
+
+
+def wanted() -> bool:
+    """The route is on: asked for, not the CPU engine, and no real sgl_kernel to use instead."""
+    if os.environ.get(ROUTE_ENV) != "1" or os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
+        return False
+    if any(isinstance(finder, GpuImportFixes) for finder in sys.meta_path):
+        return True
+    try:
+        return importlib.util.find_spec("sgl_kernel") is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _asker() -> str:
+    """The SGLang module whose import (or call) is running: the nearest `sglang.*` frame."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("sglang.") or name == "sglang":
+            return name
+        frame = frame.f_back
+    return "?"
+
+
+def _record(name: str) -> None:
+    ASKED.setdefault(name, set()).add(_asker())
+
+
+class StandInModule(ModuleType):
+    """One module of the stand-in `sgl_kernel` package; every name looked up on it is recorded in `ASKED`."""
+
+    def __init__(self, name: str) -> None:
+        from sglang_evs.runtime.sgl_kernel_torch import names_of
+
+        super().__init__(name)
+        self.__path__: list[str] = []  # a package: `sgl_kernel.<sub>` is looked up through the finder
+        self._names = names_of(name)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__") or attr == "_names":
+            raise AttributeError(attr)
+        _record(f"{self.__name__}.{attr}")
+        try:
+            return self._names[attr]
+        except KeyError:
+            raise AttributeError(f"module {self.__name__!r} (sglang-evs GPU route) has no attribute {attr!r}") from None
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self._names})
+
+
+class _StandInLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return StandInModule(spec.name)
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass
+
+
+def _store_cache_by_indexing(module: ModuleType) -> None:
+    """`sglang.srt.mem_cache.memory_pool`: KV writes take SGLang's indexed-assignment path, not the JIT kernel
+    (which would try to compile on every write where nvcc is missing)."""
+
+    def can_use_store_cache(*args, **kwargs) -> bool:
+        return False
+
+    module.can_use_store_cache = can_use_store_cache
+
+
+def _gated_activations_without_jit(module: ModuleType) -> None:
+    """`sglang.srt.layers.activation`: its module-level silu/gelu-and-mul call the sgl_kernel stand-ins,
+    never the JIT kernel (reached only by direct calls: the layers run forward_native on this route)."""
+
+    def jit_act_supported(out) -> bool:
+        return False
+
+    module._jit_act_supported = jit_act_supported
+
+
+def _vision_qk_norm_without_jit(module: ModuleType) -> None:
+    """`sglang.srt.layers.attention.vision`: a tower with QK-norm takes SGLang's torch norm, not the JIT one."""
+
+    def can_use_jit_qk_norm(head_dim: int, dtype) -> bool:
+        return False
+
+    module.can_use_jit_qk_norm = can_use_jit_qk_norm
+
+
+AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
+    "sglang.srt.mem_cache.memory_pool": _store_cache_by_indexing,
+    "sglang.srt.layers.activation": _gated_activations_without_jit,
+    "sglang.srt.layers.attention.vision": _vision_qk_norm_without_jit,
+}
+
+
+class GpuImportFixes(importlib.abc.MetaPathFinder):
+    """Serves the stand-in `sgl_kernel` package and applies `AFTER_IMPORT` to the modules it names."""
+
+    def __init__(self) -> None:
+        from sglang_evs.runtime.sgl_kernel_torch import MODULES
+
+        self._modules = frozenset(MODULES)
+        self._after_import = dict(AFTER_IMPORT)
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == "sgl_kernel" or fullname.startswith("sgl_kernel."):
+            if fullname != "sgl_kernel":
+                _record(fullname)
+            if fullname in self._modules:
+                return importlib.machinery.ModuleSpec(fullname, _StandInLoader(), is_package=True)
+            return None  # not found: `sgl_kernel.__path__` is empty, so this is a ModuleNotFoundError
+        if fullname == "flashinfer" or fullname.startswith("flashinfer."):
+            _record(fullname)
+            return None
+        fix = self._after_import.pop(fullname, None)
+        if fix is not None:
+
+            def finish(module: ModuleType) -> None:
+                fix(module)
+                APPLIED.add(module.__name__)
+
+            from sglang_evs.runtime.import_fixes import _ThenLoader
+
+            for finder in sys.meta_path:
+                found = None if finder is self else getattr(finder, "find_spec", None)
+                spec = found(fullname, path, target) if found is not None else None
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _ThenLoader(spec.loader, finish)
+                    return spec
+        return None
+
+
+def install() -> None:
+    """Put the route's finder first on `sys.meta_path` (once) and its environment in place."""
+    for name, value in ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    if not any(isinstance(finder, GpuImportFixes) for finder in sys.meta_path):
+        sys.meta_path.insert(0, GpuImportFixes())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The import check (runs on a CPU machine too)
+
+
+@contextlib.contextmanager
+def cuda_at_import(sm: int = 90) -> Iterator[None]:
+    """SGLang's platform helpers answer as on an sm `sm` CUDA device while the block runs, then are restored.
+
+    SGLang decides `_is_cuda = is_cuda()` (torch.cuda.is_available() and torch.version.cuda) once per module at
+    import, through the cached helpers of `sglang.srt.utils.common` (re-exported by `sglang.srt.utils`, which
+    modules import from both): those are replaced, not torch's availability. The architecture probes
+    (`is_sm90_supported`, ... : cached partials that read torch.version.cuda) answer for `sm`, and
+    `torch.cuda.get_device_capability`, which one Triton module (`kernels/ops/attention/prefill_attention.py`)
+    calls at import, answers (sm // 10, sm % 10). Nothing runs on a device.
+    """
+    import sglang.srt.utils as utils
+    import sglang.srt.utils.common as common
+    import torch
+
+    answers: dict[str, Callable] = {
+        "is_cuda": lambda: True,
+        "is_cuda_alike": lambda: True,
+        "get_device_sm": lambda: sm,
+        "get_device_capability": lambda device_id=0: (sm // 10, sm % 10),
+        "get_cuda_version": lambda: (13, 0),
+    }
+    for name, value in vars(common).items():
+        inner = getattr(value, "__wrapped__", None)
+        if isinstance(inner, functools.partial) and inner.func is common._check_cuda_device_version:
+            majors = inner.keywords["device_capability_majors"]
+            answers[name] = functools.partial(bool, sm // 10 in majors)
+    saved = [(module, name, getattr(module, name)) for module in (common, utils) for name in answers]
+    saved.append((torch.cuda, "get_device_capability", torch.cuda.get_device_capability))
+    try:
+        for module, name, _ in saved[:-1]:
+            setattr(module, name, functools.lru_cache(maxsize=1)(answers[name]))
+        torch.cuda.get_device_capability = lambda device=None: (sm // 10, sm % 10)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def _status(name: str) -> str:
+    from sglang_evs.runtime.sgl_kernel_torch import IMPORT_ONLY, MODULES, PROVIDED
+
+    module, _, attr = name.rpartition(".")
+    if name.startswith("flashinfer"):
+        return "absent (flashinfer is not installed on this route)"
+    if name in MODULES:
+        return "module"
+    if attr in PROVIDED.get(module, {}):
+        return "torch"
+    if attr in IMPORT_ONLY.get(module, ()):
+        return "import-only"
+    if name in EXPECTED_ABSENT:
+        return f"absent, expected: {EXPECTED_ABSENT[name]}"
+    return "ABSENT"
+
+
+def _without_cpu_route_fixes() -> None:
+    """On a CPU-route machine the bootstrap's finder keeps only its torchvision fix (PyPI's torchvision needs it
+    there); none of its SGLang fixes may act while the CUDA path imports."""
+    from sglang_evs.runtime.import_fixes import CpuImportFixes
+
+    sys.meta_path[:] = [
+        CpuImportFixes(sglang_fixes=False) if isinstance(finder, CpuImportFixes) else finder for finder in sys.meta_path
+    ]
+
+
+def check(modules: Sequence[str] = SERVER_MODULES) -> int:
+    """Import `modules` as a CUDA server would on this route; print what was asked of sgl_kernel and
+    flashinfer and how each resolved. 0 when every module imported and every name resolved as expected."""
+    if "sglang" in sys.modules:
+        print("run the check in a fresh interpreter: SGLang is imported already", file=sys.stderr)
+        return 2
+    os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
+    _without_cpu_route_fixes()
+    install()
+    failed: list[str] = []
+    with cuda_at_import():
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as error:  # every failure is reported, not only the first
+                failed.append(f"{name}: {type(error).__name__}: {error}")
+    print(f"imported {len(modules) - len(failed)} of {len(modules)} SGLang modules with is_cuda() true")
+    bad = list(failed)
+    for name in AFTER_IMPORT:
+        print(f"{name}: {'fixed after import' if name in APPLIED else 'NOT FIXED'}")
+        if name not in APPLIED:
+            bad.append(f"the after-import fix of {name} did not run")
+    for name in sorted(ASKED):
+        status = _status(name)
+        askers = ", ".join(sorted(ASKED[name]))
+        print(f"{name}: {status}  <- {askers}")
+        if status == "ABSENT":
+            bad.append(f"{name} asked by {askers} and not provided")
+    for line in bad:
+        print(f"FAILED {line}")
+    return 1 if bad else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sglang_evs.runtime.gpu_route", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="import the CUDA server path and report sgl_kernel names")
+    parser.add_argument("--print-server-args", action="store_true", help="print SERVER_ARGS, one line")
+    args = parser.parse_args(argv)
+    if args.print_server_args:
+        print(" ".join(SERVER_ARGS))
+        return 0
+    if args.check:
+        return check()
+    parser.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    # run the importable module's main, so that the finder and `ASKED` are the ones the bootstrap would use
+    from sglang_evs.runtime.gpu_route import main as route_main
+
+    sys.exit(route_main())
