@@ -1,0 +1,133 @@
+"""The GPU route (no sglang-kernel, no flashinfer): when it activates, what its `sgl_kernel` serves, that SGLang's
+CUDA server path imports through it, and the server flags it serves with."""
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from sglang_evs.runtime import gpu_route
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def route_env(**changes: str | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def test_wanted_only_when_asked_off_the_cpu_engine_and_without_a_real_sgl_kernel(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    monkeypatch.delenv(gpu_route.ROUTE_ENV, raising=False)
+    assert not gpu_route.wanted()
+    monkeypatch.setenv(gpu_route.ROUTE_ENV, "1")
+    assert gpu_route.wanted()
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    assert not gpu_route.wanted()
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: object())  # sglang-kernel installed
+    assert not gpu_route.wanted()
+
+
+def serve(name: str) -> ModuleType:
+    """The module the route's finder serves for `name` (without putting the finder on sys.meta_path)."""
+    spec = gpu_route.GpuImportFixes().find_spec(name, None)
+    assert spec is not None, name
+    return importlib.util.module_from_spec(spec)
+
+
+def test_the_finder_serves_the_stand_in_package_and_nothing_else():
+    from sglang_evs.runtime import sgl_kernel_torch as ops
+
+    top = serve("sgl_kernel")
+    assert top.rmsnorm is ops.rmsnorm and top.weak_ref_tensor is ops.weak_ref_tensor and top.__path__ == []
+    assert serve("sgl_kernel.utils").is_arch_support_pdl() is False
+    with pytest.raises(NotImplementedError, match="sgl_kernel.kvcacheio.transfer_kv_direct"):
+        serve("sgl_kernel.kvcacheio").transfer_kv_direct()
+    with pytest.raises(AttributeError, match="flash_attn_varlen_func"):
+        top.flash_attn_varlen_func  # noqa: B018  (absent: `from sgl_kernel import x` is an ImportError)
+    finder = gpu_route.GpuImportFixes()
+    assert finder.find_spec("sgl_kernel.flash_attn", None) is None
+    assert finder.find_spec("sgl_kernel.scalar_type", None) is None
+    assert finder.find_spec("flashinfer", None) is None
+    assert {"sgl_kernel.flash_attn_varlen_func", "sgl_kernel.flash_attn", "flashinfer"} <= set(gpu_route.ASKED)
+
+
+def test_server_args_parse_as_sglang_reads_them():
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model-path", "m", *gpu_route.SERVER_ARGS])
+    assert (args.device, args.attention_backend, args.mm_attention_backend, args.sampling_backend) == (
+        "cuda",
+        "triton",
+        "triton_attn",
+        "pytorch",
+    )
+    assert args.disable_custom_all_reduce
+    assert all(isinstance(arg, str) for arg in gpu_route.SERVER_ARGS)
+
+
+def test_a_fresh_interpreter_with_the_route_on_imports_the_stand_in_as_sgl_kernel():
+    """What the `.pth` does in every server process: here the CPU route's `.pth` runs the same bootstrap."""
+    probe = (
+        "import os, sgl_kernel, sgl_kernel.utils; from sglang_evs.runtime import gpu_route as r; "
+        "print(type(sgl_kernel).__name__, sgl_kernel.rmsnorm.__module__, sgl_kernel.utils.is_arch_support_pdl(), "
+        "os.environ['SGLANG_FORCE_FUSED_OP_BACKEND'], sorted(r.ASKED))"
+    )
+    env = route_env(SGLANG_USE_CPU_ENGINE=None, SGLANG_FORCE_FUSED_OP_BACKEND=None, **{gpu_route.ROUTE_ENV: "1"})
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [
+        "StandInModule",
+        "sglang_evs.runtime.sgl_kernel_torch",
+        "False",
+        "torch",
+        "['sgl_kernel.rmsnorm',",
+        "'sgl_kernel.utils',",
+        "'sgl_kernel.utils.is_arch_support_pdl']",
+    ]
+    off = subprocess.run(
+        [sys.executable, "-c", "import sgl_kernel"],
+        env=route_env(SGLANG_USE_CPU_ENGINE=None, **{gpu_route.ROUTE_ENV: None}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert off.returncode != 0 and "No module named 'sgl_kernel'" in off.stderr  # the route is off by default
+
+
+@pytest.mark.slow
+def test_the_cuda_server_path_imports_with_every_sgl_kernel_name_resolved():
+    """`python -m sglang_evs.runtime.gpu_route --check`: SGLang's Qwen3-VL CUDA server modules import with
+    `is_cuda()` true through the route's `sgl_kernel` (about 40 s: SGLang imports some 5,000 modules)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_evs.runtime.gpu_route", "--check"],
+        env=route_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert f"imported {len(gpu_route.SERVER_MODULES)} of {len(gpu_route.SERVER_MODULES)} SGLang modules" in lines[0]
+    statuses = dict(line.split("  <- ")[0].split(": ", 1) for line in lines if line.startswith("sgl_kernel"))
+    for name in ("rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "top_k_renorm_prob", "weak_ref_tensor"):
+        assert statuses[f"sgl_kernel.{name}"] == "torch", name
+    assert statuses["sgl_kernel.utils.is_arch_support_pdl"] == "torch"
+    assert statuses["sgl_kernel.moe_sum"] == "import-only"
+    assert statuses["sgl_kernel.scalar_type"].startswith("absent, expected")
+    assert "ABSENT" not in statuses.values()
+    assert all(f"{name}: fixed after import" in lines for name in gpu_route.AFTER_IMPORT)
