@@ -7,8 +7,9 @@ when `SGLANG_EVS_GPU_ROUTE=1`, the CPU engine is off and no real `sgl_kernel` is
 - sets `SGLANG_FORCE_FUSED_OP_BACKEND=torch` (unless set): every `BaseFusedOp` of SGLang (RMSNorm, SiluAndMul,
   RotaryEmbedding and MRoPE, clamp_position, ...) runs its own `forward_native`, so nothing reaches a
   JIT-compiled (nvcc) kernel or an `sgl_kernel` op through them;
-- after import, turns off the three JIT kernels SGLang reaches outside the fused ops on this path (the KV-cache
-  store, the gated activations' vector path, the vision QK-norm): SGLang's torch code then runs instead.
+- refuses every JIT (nvcc) kernel build, and answers "no" to the JIT probes SGLang makes on every call on this
+  path (the KV-cache store, the q/k norms, the gated activations' vector path): SGLang's torch or Triton code
+  then runs instead (`AFTER_IMPORT`).
 
 flashinfer is never provided: with it absent, `is_flashinfer_available()` is False and SGLang's lazy
 imports of it are never resolved on this path. The server flags the route serves with are `SERVER_ARGS`.
@@ -41,6 +42,7 @@ SERVER_ARGS: tuple[str, ...] = (
     "--mm-attention-backend", "triton_attn",  # the vision tower: Triton too (the Hopper default fa3 is sgl_kernel's)
     "--sampling-backend", "pytorch",          # the default would be flashinfer's sampler where installed
     "--disable-custom-all-reduce",            # sgl_kernel's all-reduce kernels (only with tp > 1)
+    "--bf16-gemm-backend", "torch",           # bfloat16 linears through torch (auto picks CuTe DSL on Blackwell)
 )  # fmt: skip
 
 # Set in each process of the route unless the caller set them.
@@ -159,19 +161,41 @@ class _StandInLoader(importlib.abc.Loader):
         pass
 
 
-def _store_cache_by_indexing(module: ModuleType) -> None:
-    """`sglang.srt.mem_cache.memory_pool`: KV writes take SGLang's indexed-assignment path, not the JIT kernel
-    (which would try to compile on every write where nvcc is missing)."""
+def _refuse_jit_builds(module: ModuleType) -> None:
+    """`sglang.kernels.jit.utils.compile.loader` (before anything imports `load_jit` from it): a JIT kernel is
+    never compiled on this route (no nvcc is assumed, and no sgl_kernel headers). SGLang's `can_use_*` probes
+    catch the error and take their torch or Triton path; an unguarded JIT call fails naming its kernel, once
+    and at once, instead of SGLang retrying the build on every call (its `cache_once` keeps only successes)."""
 
-    def can_use_store_cache(*args, **kwargs) -> bool:
+    def load_jit(*args: str, **kwargs) -> None:
+        raise RuntimeError(f"sglang-evs GPU route: JIT kernel {'/'.join(args)!r} is not built on this route")
+
+    module.load_jit = load_jit
+
+
+def _store_cache_by_indexing(module: ModuleType) -> None:
+    """`sglang.kernels.ops.kvcache.kvcache`: KV-cache writes take SGLang's indexed-assignment path (the probe
+    would otherwise try the JIT build, and log its failure, on every write)."""
+
+    def can_use_store_cache(k_row_bytes: int, v_row_bytes: int = 0, num_threads: int = 0) -> bool:
         return False
 
     module.can_use_store_cache = can_use_store_cache
 
 
+def _qk_norm_without_jit(module: ModuleType) -> None:
+    """`sglang.kernels.ops.layernorm.norm`: Qwen3's q/k norms (`models/utils.apply_qk_norm`) and the vision
+    tower's take SGLang's RMSNorm, not the JIT in-place kernel (probed, and its failure logged, on every call)."""
+
+    def can_use_fused_inplace_qknorm(head_dim: int, dtype) -> bool:
+        return False
+
+    module.can_use_fused_inplace_qknorm = can_use_fused_inplace_qknorm
+
+
 def _gated_activations_without_jit(module: ModuleType) -> None:
-    """`sglang.srt.layers.activation`: its module-level silu/gelu-and-mul call the sgl_kernel stand-ins,
-    never the JIT kernel (reached only by direct calls: the layers run forward_native on this route)."""
+    """`sglang.srt.layers.activation`: its module-level silu/gelu-and-mul call the sgl_kernel stand-ins, never
+    the JIT kernel (they are reached only by direct calls: the layers run forward_native on this route)."""
 
     def jit_act_supported(out) -> bool:
         return False
@@ -179,19 +203,12 @@ def _gated_activations_without_jit(module: ModuleType) -> None:
     module._jit_act_supported = jit_act_supported
 
 
-def _vision_qk_norm_without_jit(module: ModuleType) -> None:
-    """`sglang.srt.layers.attention.vision`: a tower with QK-norm takes SGLang's torch norm, not the JIT one."""
-
-    def can_use_jit_qk_norm(head_dim: int, dtype) -> bool:
-        return False
-
-    module.can_use_jit_qk_norm = can_use_jit_qk_norm
-
-
+# Fixes applied to a module right after it executed, before the module importing it reads its names.
 AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
-    "sglang.srt.mem_cache.memory_pool": _store_cache_by_indexing,
+    "sglang.kernels.jit.utils.compile.loader": _refuse_jit_builds,
+    "sglang.kernels.ops.kvcache.kvcache": _store_cache_by_indexing,
+    "sglang.kernels.ops.layernorm.norm": _qk_norm_without_jit,
     "sglang.srt.layers.activation": _gated_activations_without_jit,
-    "sglang.srt.layers.attention.vision": _vision_qk_norm_without_jit,
 }
 
 
