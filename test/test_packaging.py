@@ -1,5 +1,5 @@
-"""Packaged like a serving plugin: a GPU install runs nothing at interpreter start; the CPU route's hook is
-a distribution of its own.
+"""Packaged like a serving plugin: a GPU install runs nothing at interpreter start; the CPU route's hook and the
+GPU route's (CUDA without sglang-kernel) are distributions of their own.
 
 The wheels are built from this checkout with pip (no build isolation: setuptools is in the test
 environment, nothing is downloaded) and installed without dependencies into a fresh virtual
@@ -18,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_ROUTE = ROOT / "scripts" / "cpu_route"
+GPU_ROUTE = ROOT / "scripts" / "gpu_route"
 PTH = "sglang_evs_cpu_runtime.pth"
 
 
@@ -76,6 +77,14 @@ def test_sglang_still_finds_the_plugin_entry_point(gpu_install):
 def test_the_cpu_route_distribution_is_the_startup_hook_alone(tmp_path):
     files = zipfile.ZipFile(build_wheel(CPU_ROUTE, tmp_path)).namelist()
     assert [name for name in files if not name.startswith("sglang_evs_cpu_route-")] == [PTH]
+
+
+def test_the_gpu_route_distribution_is_the_same_startup_hook_under_its_own_name(tmp_path):
+    """`sglang-evs-gpu-route` (CUDA without sglang-kernel, docs/gpu-route.md): only its `.pth`, the bootstrap."""
+    wheel = zipfile.ZipFile(build_wheel(GPU_ROUTE, tmp_path))
+    files = wheel.namelist()
+    assert [name for name in files if not name.startswith("sglang_evs_gpu_route-")] == ["sglang_evs_gpu_route.pth"]
+    assert wheel.read("sglang_evs_gpu_route.pth").decode() == "import sglang_evs.runtime.bootstrap\n"
 
 
 def test_this_test_environment_has_the_hook_from_the_cpu_route_distribution():
