@@ -80,6 +80,18 @@ def test_server_args_parse_as_sglang_reads_them():
     assert all(isinstance(arg, str) for arg in gpu_route.SERVER_ARGS)
 
 
+def test_the_route_environment_lets_the_launcher_start_without_the_sglang_kernel_distribution(monkeypatch):
+    """SGLang's launcher asserts `sglang-kernel` >= 0.4.9 on CUDA (`engine._set_envs_and_config`)."""
+    from sglang.srt.utils.common import assert_pkg_version
+
+    monkeypatch.delenv("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", raising=False)
+    with pytest.raises(Exception, match="sglang-kernel with minimum required version 0.4.9 is not installed"):
+        assert_pkg_version("sglang-kernel", "0.4.9", "")
+    for name, value in gpu_route.ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    assert_pkg_version("sglang-kernel", "0.4.9", "")
+
+
 def test_a_fresh_interpreter_with_the_route_on_imports_the_stand_in_as_sgl_kernel():
     """What the `.pth` does in every server process: here the CPU route's `.pth` runs the same bootstrap."""
     probe = (

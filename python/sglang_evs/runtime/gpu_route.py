@@ -4,9 +4,10 @@ Activated in every process by `bootstrap` (the `.pth` of `sglang-evs-gpu-route`,
 when `SGLANG_EVS_GPU_ROUTE=1`, the CPU engine is off and no real `sgl_kernel` is importable. It then
 - serves `sgl_kernel` and the submodules SGLang imports on CUDA from `runtime/sgl_kernel_torch.py`
   (pure torch, graph-capturable); any other name or submodule is absent, so SGLang's fallbacks apply;
-- sets `SGLANG_FORCE_FUSED_OP_BACKEND=torch` (unless set): every `BaseFusedOp` of SGLang (RMSNorm, SiluAndMul,
-  RotaryEmbedding and MRoPE, clamp_position, ...) runs its own `forward_native`, so nothing reaches a
-  JIT-compiled (nvcc) kernel or an `sgl_kernel` op through them;
+- sets `SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1` (the launcher would refuse to start without the sglang-kernel
+  distribution) and `SGLANG_FORCE_FUSED_OP_BACKEND=torch`, unless set: every `BaseFusedOp` of SGLang (RMSNorm,
+  SiluAndMul, RotaryEmbedding and MRoPE, clamp_position, ...) runs its own `forward_native`, so nothing reaches
+  a JIT-compiled (nvcc) kernel or an `sgl_kernel` op through them;
 - refuses every JIT (nvcc) kernel build, and answers "no" to the JIT probes SGLang makes on every call on this
   path (the KV-cache store, the q/k norms, the gated activations' vector path): SGLang's torch or Triton code
   then runs instead (`AFTER_IMPORT`).
@@ -48,6 +49,8 @@ SERVER_ARGS: tuple[str, ...] = (
 # Set in each process of the route unless the caller set them.
 ENVIRONMENT: dict[str, str] = {
     "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",  # every BaseFusedOp runs its forward_native
+    # the launcher asserts that the sglang-kernel distribution (>= 0.4.9) is installed on CUDA; it is not here
+    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
 }
 
 # Modules a Qwen3-VL server imports on CUDA with SERVER_ARGS: the launcher, the scheduler and its model runner,
