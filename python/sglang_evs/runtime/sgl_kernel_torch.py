@@ -20,13 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from sglang_evs.runtime.torch_ops import gemma_rms_norm
-
-
-def _rms_normalised(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Rows of x [..., D] divided by their root mean square, in float32."""
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+from sglang_evs.runtime.torch_ops import gemma_rms_norm, rms_normalised
 
 
 def rmsnorm(
@@ -38,7 +32,7 @@ def rmsnorm(
 ) -> torch.Tensor:
     """RMS norm of each row of input [T, D] times weight [D], computed in float32; written to out [T, D]
     when given (and returned)."""
-    result = (_rms_normalised(input, eps) * weight.float()).to(input.dtype)
+    result = (rms_normalised(input, eps) * weight.float()).to(input.dtype)
     if out is None:
         return result
     out.copy_(result)
@@ -55,7 +49,7 @@ def fused_add_rmsnorm(
     """In place: residual [T, D] += input [T, D]; input = RMS norm of the float32 sum times weight [D]."""
     total = input.float() + residual.float()
     residual.copy_(total)
-    input.copy_(_rms_normalised(total, eps) * weight.float())
+    input.copy_(rms_normalised(total, eps) * weight.float())
 
 
 def gemma_rmsnorm(

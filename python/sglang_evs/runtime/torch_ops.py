@@ -34,12 +34,16 @@ def fused_sigmoid_mul_cpu(x: torch.Tensor, gate: torch.Tensor) -> None:
     x.copy_(x.float() * torch.sigmoid(gate.reshape(x.shape).float()))
 
 
+def rms_normalised(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Rows of x [..., D] divided by their root mean square (plus eps), in float32 [..., D]."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Rows of x [..., D] normalised in float32 and scaled by (1 + weight [D]), as Qwen3.5's q/k norms and
     Gemma's RMS norm (also the GPU route's `sgl_kernel.gemma_rmsnorm`); x's dtype."""
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * (1.0 + weight.float())).to(x.dtype)
+    return (rms_normalised(x, eps) * (1.0 + weight.float())).to(x.dtype)
 
 
 def fused_qk_gemma_rmsnorm_cpu(
@@ -82,8 +86,7 @@ def fused_qkvzba_split_reshape_cat_contiguous_cpu(
 
 def fused_rmsnorm_gated_cpu(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMS norm of each row of x [T, D] times weight, then times silu(z) [T, D] (norm before gate)."""
-    xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    normed = rms_normalised(x, eps).to(x.dtype) * weight
     if z is None:
         return normed
     return (normed.float() * torch.nn.functional.silu(z.float())).to(x.dtype)
