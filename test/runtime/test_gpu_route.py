@@ -76,7 +76,7 @@ def test_server_args_parse_as_sglang_reads_them():
         "triton_attn",
         "pytorch",
     )
-    assert args.disable_custom_all_reduce and args.bf16_gemm_backend == "torch"
+    assert args.disable_custom_all_reduce and args.disable_flashinfer_autotune and args.bf16_gemm_backend == "torch"
     assert all(isinstance(arg, str) for arg in gpu_route.SERVER_ARGS)
 
 

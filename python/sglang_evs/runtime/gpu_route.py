@@ -44,6 +44,7 @@ SERVER_ARGS: tuple[str, ...] = (
     "--sampling-backend", "pytorch",          # the default would be flashinfer's sampler where installed
     "--disable-custom-all-reduce",            # sgl_kernel's all-reduce kernels (only with tp > 1)
     "--bf16-gemm-backend", "torch",           # bfloat16 linears through torch (auto picks CuTe DSL on Blackwell)
+    "--disable-flashinfer-autotune",          # never reached by a dense bfloat16 model; said so, not inferred
 )  # fmt: skip
 
 # Set in each process of the route unless the caller set them.
