@@ -44,7 +44,7 @@ SERVER_ARGS: tuple[str, ...] = (
     "--sampling-backend", "pytorch",          # the default would be flashinfer's sampler where installed
     "--disable-custom-all-reduce",            # sgl_kernel's all-reduce kernels (only with tp > 1)
     "--bf16-gemm-backend", "torch",           # bfloat16 linears through torch (auto picks CuTe DSL on Blackwell)
-    "--disable-flashinfer-autotune",          # never reached by a dense bfloat16 model; said so, not inferred
+    "--disable-flashinfer-autotune",          # no flashinfer to tune: off by flag, not left to its heuristics
 )  # fmt: skip
 
 # Set in each process of the route unless the caller set them.
@@ -54,9 +54,9 @@ ENVIRONMENT: dict[str, str] = {
     "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
 }
 
-# Modules a Qwen3-VL server imports on CUDA with SERVER_ARGS: the launcher, the scheduler and its model runner,
-# the memory pools and radix cache, the layers, the attention backends, the vision tower, the multimodal
-# processor, the sampler and logits processor, the graph runners (decode and breakable prefill).
+# Modules a Qwen3-VL server (and the plugin in it) imports on CUDA with SERVER_ARGS: the launcher, the scheduler
+# and its model runner, the memory pools and radix cache, the layers, the attention backends, the vision tower,
+# the multimodal processor, the sampler and logits processor, the graph runners (decode and breakable prefill).
 SERVER_MODULES: tuple[str, ...] = (
     "sglang.launch_server",
     "sglang.srt.entrypoints.engine",
@@ -93,12 +93,21 @@ SERVER_MODULES: tuple[str, ...] = (
     "sglang.srt.models.qwen3",
     "sglang.srt.models.qwen3_vl",
     "sglang.srt.multimodal.processors.qwen_vl",
+    "sglang.srt.multimodal.evs",
+    "sglang.srt.multimodal.vit_cuda_graph_runner",
+    "sglang.srt.managers.multimodal_processor",
+    # the plugin, loaded by SGLang in each of those processes
+    "sglang_evs.plugin",
+    "sglang_evs.models.qwen3_vl",
+    "sglang_evs.pruning.processor",
 )
 
 # Looked up by SGLang on CUDA, absent here on purpose: where SGLang catches the ImportError itself.
 EXPECTED_ABSENT: dict[str, str] = {
     "sgl_kernel.scalar_type": "layers/quantization/utils.py catches the ImportError and uses mock scalar types",
     "sgl_kernel.allreduce": "custom_all_reduce_ops.py catches it; custom all-reduce is off (SERVER_ARGS) and tp is 1",
+    "sgl_kernel.kvcacheio.transfer_embedding_ranges_direct": "embedding_cache_controller.py (encoder disaggregation) "
+    "catches the ImportError",
 }
 
 # "sgl_kernel.<name>" or "sgl_kernel.<submodule>" -> the SGLang modules that asked for it (this process)
@@ -352,7 +361,8 @@ def check(modules: Sequence[str] = SERVER_MODULES) -> int:
                 importlib.import_module(name)
             except Exception as error:  # every failure is reported, not only the first
                 failed.append(f"{name}: {type(error).__name__}: {error}")
-    print(f"imported {len(modules) - len(failed)} of {len(modules)} SGLang modules with is_cuda() true")
+    imported = len(modules) - len(failed)
+    print(f"imported {imported} of {len(modules)} modules of the CUDA server path with is_cuda() true")
     bad = list(failed)
     for name in AFTER_IMPORT:
         print(f"{name}: {'fixed after import' if name in APPLIED else 'NOT FIXED'}")
