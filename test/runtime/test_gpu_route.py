@@ -10,10 +10,12 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 from sglang_evs.runtime import gpu_route
 
 ROOT = Path(__file__).resolve().parents[2]
+ROUTE_ACTIVE = any(isinstance(finder, gpu_route.GpuImportFixes) for finder in sys.meta_path)
 
 
 def route_env(**changes: str | None) -> dict[str, str]:
@@ -143,3 +145,88 @@ def test_the_cuda_server_path_imports_with_every_sgl_kernel_name_resolved():
     assert statuses["sgl_kernel.scalar_type"].startswith("absent, expected")
     assert "ABSENT" not in statuses.values()
     assert all(f"{name}: fixed after import" in lines for name in gpu_route.AFTER_IMPORT)
+
+
+def sglang_block(dtype, device):
+    """SGLang's own layers a Qwen3-VL decoder layer runs: RMSNorm (with residual), M-RoPE, SiluAndMul."""
+    from sglang.srt.layers.activation import SiluAndMul
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.rotary_embedding import get_rope
+
+    norm = RMSNorm(64).to(device, dtype)
+    rope_scaling = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+    rope = get_rope(16, rotary_dim=16, max_position=256, base=10000, rope_scaling=rope_scaling, dtype=dtype).to(device)
+    act = SiluAndMul()
+
+    def block(x, residual, positions):
+        """x, residual [T, 64], positions [3, T] -> (q [T, 64], k [T, 32], mlp [T, 32], residual [T, 64])."""
+        h, residual = norm(x, residual)
+        q, k = rope(positions, h.clone(), h[:, :32].clone())
+        return q, k, act(h), residual
+
+    return block
+
+
+def test_the_route_forces_sglang_fused_ops_onto_forward_native():
+    """`ENVIRONMENT` names a backend SGLang knows, and forcing it labels every fused op of the block as torch."""
+    from sglang.kernels import fused_op
+    from sglang.kernels.spec import KernelBackend
+
+    forced = KernelBackend(gpu_route.ENVIRONMENT["SGLANG_FORCE_FUSED_OP_BACKEND"])
+    assert forced is KernelBackend.TORCH
+    block = sglang_block(torch.float32, "cpu")
+    x, residual = torch.randn(5, 64), torch.randn(5, 64)
+    positions = torch.randint(0, 100, (3, 5))
+    previous = fused_op.get_fused_op_backend()
+    fused_op.set_fused_op_backend(forced)
+    fused_op.clear_fused_op_trace()
+    fused_op.enable_fused_op_trace()
+    try:
+        block(x, residual, positions)
+        ran = [(record.op, record.backend) for record in fused_op.get_fused_op_trace()]
+    finally:
+        fused_op.disable_fused_op_trace()
+        fused_op.set_fused_op_backend(previous)
+    assert len(ran) == 3 and {backend for _, backend in ran} == {"torch"}, ran
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and ROUTE_ACTIVE),
+    reason="needs a CUDA GPU with the GPU route active (SGLANG_EVS_GPU_ROUTE=1, sglang-evs-gpu-route installed)",
+)
+def test_sglang_layers_on_the_route_capture_and_replay_in_a_cuda_graph():
+    """SGLang's own layers, as the route runs them (forward_native, no JIT, no sgl_kernel op), in a real CUDA graph:
+    a replay on new inputs equals the eager forward, and every fused op ran its torch path."""
+    from sglang.kernels import fused_op
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    block = sglang_block(dtype, device)
+    gen = torch.Generator().manual_seed(0)
+    static = [torch.randn(8, 64, generator=gen).to(device, dtype) for _ in range(2)]
+    static.append(torch.randint(0, 200, (3, 8), generator=gen).to(device))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        block(static[0], static[1].clone(), static[2])
+    torch.cuda.current_stream().wait_stream(stream)
+    fused_op.clear_fused_op_trace()
+    fused_op.enable_fused_op_trace()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            outputs = block(*static)
+        ran = {record.backend for record in fused_op.get_fused_op_trace()}
+    finally:
+        fused_op.disable_fused_op_trace()
+    assert ran == {"torch"}, ran
+    for seed in range(1, 4):
+        gen = torch.Generator().manual_seed(seed)
+        fresh = [torch.randn(8, 64, generator=gen).to(device, dtype) for _ in range(2)]
+        fresh.append(torch.randint(0, 200, (3, 8), generator=gen).to(device))
+        for slot, value in zip(static, fresh, strict=True):
+            slot.copy_(value)
+        graph.replay()
+        expected = block(*fresh)
+        for got, want in zip(outputs, expected, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
