@@ -15,21 +15,18 @@ when `SGLANG_EVS_GPU_ROUTE=1`, the CPU engine is off and no real `sgl_kernel` is
 flashinfer is never provided: with it absent, `is_flashinfer_available()` is False and SGLang's lazy
 imports of it are never resolved on this path. The server flags the route serves with are `SERVER_ARGS`.
 
-`python -m sglang_evs.runtime.gpu_route --check` runs on any machine (a CPU one included): with this hook
-installed and SGLang's `is_cuda()` made true while they import, it imports every module of the Qwen3-VL
-CUDA server path (`SERVER_MODULES`) and reports each `sgl_kernel` name asked for and how it resolved.
+`python -m sglang_evs.runtime.gpu_route --check` (`gpu_route_check`) runs on any machine, a CPU one included:
+it imports the Qwen3-VL CUDA server path through this hook and reports each `sgl_kernel` name asked for.
 """
 
 import argparse
-import contextlib
-import functools
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 ROUTE_ENV = "SGLANG_EVS_GPU_ROUTE"
@@ -52,62 +49,6 @@ ENVIRONMENT: dict[str, str] = {
     "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",  # every BaseFusedOp runs its forward_native
     # the launcher asserts that the sglang-kernel distribution (>= 0.4.9) is installed on CUDA; it is not here
     "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
-}
-
-# Modules a Qwen3-VL server (and the plugin in it) imports on CUDA with SERVER_ARGS: the launcher, the scheduler
-# and its model runner, the memory pools and radix cache, the layers, the attention backends, the vision tower,
-# the multimodal processor, the sampler and logits processor, the graph runners (decode and breakable prefill).
-SERVER_MODULES: tuple[str, ...] = (
-    "sglang.launch_server",
-    "sglang.srt.entrypoints.engine",
-    "sglang.srt.entrypoints.http_server",
-    "sglang.srt.managers.tokenizer_manager",
-    "sglang.srt.managers.detokenizer_manager",
-    "sglang.srt.managers.scheduler",
-    "sglang.srt.managers.schedule_batch",
-    "sglang.srt.managers.mm_utils",
-    "sglang.srt.model_executor.model_runner",
-    "sglang.srt.model_executor.forward_batch_info",
-    "sglang.srt.model_executor.cuda_graph_buffer_registry",
-    "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
-    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner",
-    "sglang.srt.model_executor.runner_backend_utils.weak_ref_tensor",
-    "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph",
-    "sglang.srt.mem_cache.memory_pool",
-    "sglang.srt.mem_cache.memory_pool_host",
-    "sglang.srt.mem_cache.allocation",
-    "sglang.srt.mem_cache.radix_cache",
-    "sglang.srt.layers.layernorm",
-    "sglang.srt.layers.activation",
-    "sglang.srt.layers.linear",
-    "sglang.srt.layers.vocab_parallel_embedding",
-    "sglang.srt.layers.rotary_embedding",
-    "sglang.srt.layers.radix_attention",
-    "sglang.srt.layers.logits_processor",
-    "sglang.srt.layers.sampler",
-    "sglang.srt.layers.attention.attention_registry",
-    "sglang.srt.layers.attention.triton_backend",
-    "sglang.srt.layers.attention.vision",
-    "sglang.srt.distributed.device_communicators.custom_all_reduce",
-    "sglang.srt.constrained.xgrammar_backend",
-    "sglang.srt.models.qwen3",
-    "sglang.srt.models.qwen3_vl",
-    "sglang.srt.multimodal.processors.qwen_vl",
-    "sglang.srt.multimodal.evs",
-    "sglang.srt.multimodal.vit_cuda_graph_runner",
-    "sglang.srt.managers.multimodal_processor",
-    # the plugin, loaded by SGLang in each of those processes
-    "sglang_evs.plugin",
-    "sglang_evs.models.qwen3_vl",
-    "sglang_evs.pruning.processor",
-)
-
-# Looked up by SGLang on CUDA, absent here on purpose: where SGLang catches the ImportError itself.
-EXPECTED_ABSENT: dict[str, str] = {
-    "sgl_kernel.scalar_type": "layers/quantization/utils.py catches the ImportError and uses mock scalar types",
-    "sgl_kernel.allreduce": "custom_all_reduce_ops.py catches it; custom all-reduce is off (SERVER_ARGS) and tp is 1",
-    "sgl_kernel.kvcacheio.transfer_embedding_ranges_direct": "embedding_cache_controller.py (encoder disaggregation) "
-    "catches the ImportError",
 }
 
 # "sgl_kernel.<name>" or "sgl_kernel.<submodule>" -> the SGLang modules that asked for it (this process)
@@ -275,110 +216,6 @@ def install() -> None:
         sys.meta_path.insert(0, GpuImportFixes())
 
 
-# ---------------------------------------------------------------------------------------------------------
-# The import check (runs on a CPU machine too)
-
-
-@contextlib.contextmanager
-def cuda_at_import(sm: int = 90) -> Iterator[None]:
-    """SGLang's platform helpers answer as on an sm `sm` CUDA device while the block runs, then are restored.
-
-    SGLang decides `_is_cuda = is_cuda()` (torch.cuda.is_available() and torch.version.cuda) once per module at
-    import, through the cached helpers of `sglang.srt.utils.common` (re-exported by `sglang.srt.utils`, which
-    modules import from both): those are replaced, not torch's availability. The architecture probes
-    (`is_sm90_supported`, ... : cached partials that read torch.version.cuda) answer for `sm`, and
-    `torch.cuda.get_device_capability`, which one Triton module (`kernels/ops/attention/prefill_attention.py`)
-    calls at import, answers (sm // 10, sm % 10). Nothing runs on a device.
-    """
-    import sglang.srt.utils as utils
-    import sglang.srt.utils.common as common
-    import torch
-
-    answers: dict[str, Callable] = {
-        "is_cuda": lambda: True,
-        "is_cuda_alike": lambda: True,
-        "get_device_sm": lambda: sm,
-        "get_device_capability": lambda device_id=0: (sm // 10, sm % 10),
-        "get_cuda_version": lambda: (13, 0),
-    }
-    for name, value in vars(common).items():
-        inner = getattr(value, "__wrapped__", None)
-        if isinstance(inner, functools.partial) and inner.func is common._check_cuda_device_version:
-            majors = inner.keywords["device_capability_majors"]
-            answers[name] = functools.partial(bool, sm // 10 in majors)
-    saved = [(module, name, getattr(module, name)) for module in (common, utils) for name in answers]
-    saved.append((torch.cuda, "get_device_capability", torch.cuda.get_device_capability))
-    try:
-        for module, name, _ in saved[:-1]:
-            setattr(module, name, functools.lru_cache(maxsize=1)(answers[name]))
-        torch.cuda.get_device_capability = lambda device=None: (sm // 10, sm % 10)
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
-
-
-def _status(name: str) -> str:
-    from sglang_evs.runtime.sgl_kernel_torch import IMPORT_ONLY, MODULES, PROVIDED
-
-    module, _, attr = name.rpartition(".")
-    if name.startswith("flashinfer"):
-        return "absent (flashinfer is not installed on this route)"
-    if name in MODULES:
-        return "module"
-    if attr in PROVIDED.get(module, {}):
-        return "torch"
-    if attr in IMPORT_ONLY.get(module, ()):
-        return "import-only"
-    if name in EXPECTED_ABSENT:
-        return f"absent, expected: {EXPECTED_ABSENT[name]}"
-    return "ABSENT"
-
-
-def _without_cpu_route_fixes() -> None:
-    """On a CPU-route machine the bootstrap's finder keeps only its torchvision fix (PyPI's torchvision needs it
-    there); none of its SGLang fixes may act while the CUDA path imports."""
-    from sglang_evs.runtime.import_fixes import CpuImportFixes
-
-    sys.meta_path[:] = [
-        CpuImportFixes(sglang_fixes=False) if isinstance(finder, CpuImportFixes) else finder for finder in sys.meta_path
-    ]
-
-
-def check(modules: Sequence[str] = SERVER_MODULES) -> int:
-    """Import `modules` as a CUDA server would on this route; print what was asked of sgl_kernel and
-    flashinfer and how each resolved. 0 when every module imported and every name resolved as expected."""
-    if "sglang" in sys.modules:
-        print("run the check in a fresh interpreter: SGLang is imported already", file=sys.stderr)
-        return 2
-    os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
-    _without_cpu_route_fixes()
-    install()
-    failed: list[str] = []
-    with cuda_at_import():
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception as error:  # every failure is reported, not only the first
-                failed.append(f"{name}: {type(error).__name__}: {error}")
-    imported = len(modules) - len(failed)
-    print(f"imported {imported} of {len(modules)} modules of the CUDA server path with is_cuda() true")
-    bad = list(failed)
-    for name in AFTER_IMPORT:
-        print(f"{name}: {'fixed after import' if name in APPLIED else 'NOT FIXED'}")
-        if name not in APPLIED:
-            bad.append(f"the after-import fix of {name} did not run")
-    for name in sorted(ASKED):
-        status = _status(name)
-        askers = ", ".join(sorted(ASKED[name]))
-        print(f"{name}: {status}  <- {askers}")
-        if status == "ABSENT":
-            bad.append(f"{name} asked by {askers} and not provided")
-    for line in bad:
-        print(f"FAILED {line}")
-    return 1 if bad else 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sglang_evs.runtime.gpu_route", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="import the CUDA server path and report sgl_kernel names")
@@ -388,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" ".join(SERVER_ARGS))
         return 0
     if args.check:
+        from sglang_evs.runtime.gpu_route_check import check
+
         return check()
     parser.print_help()
     return 0
