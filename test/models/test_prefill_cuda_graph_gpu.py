@@ -24,10 +24,15 @@ near-tie either way, so tokens are compared as `conftest.assert_same_generation(
 or parting at a step where each side's token is within the tolerance of the other's choice, after which
 nothing is compared. A missing deepstack add or wrong positions move logprobs by units (4 and 10 on CPU,
 docs/benchmarks.md), not by a tie's width. Each test prints the largest gap it measured.
+
+The servers, requests and checks also run on CPU servers in graph mode (`launches(on_gpu=False)`, the slow
+`test_prefill_cuda_graph_gpu_setup.py::test_gpu_checks_pass_on_cpu_servers_in_graph_mode`; measured there in
+bfloat16: 0 against upstream, 4.8e-3 against eager, 25 of 25 media forwards and 63 decode steps replayed).
 """
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -140,42 +145,66 @@ def compare(mine: dict[str, Generation], reference: dict[str, Generation], toler
         assert_same_generation(mine[name], ref, tolerance, f"{what}: {name}", near_ties=True)
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir, media_dir, tmp_path_factory) -> Iterator[dict]:
-    """The three servers' replies (and the graphs server's trace, with its size once it was up)."""
-    work = tmp_path_factory.mktemp("gpu_graphs")
-    trace_path = work / "trace.jsonl"
+# The CPU dry run's servers (test_prefill_cuda_graph_gpu_setup.py): graph mode, SGLang's graph runners replaying
+# on CPU stand-ins (docs/cpu-runtime.md), with prefill buckets up to the chunk, as a GPU's defaults give.
+CPU_DRY_RUN_ARGS = ["--dtype", "bfloat16", "--chunked-prefill-size", str(CHUNK), "--cuda-graph-max-bs-prefill",
+                    str(CHUNK)]  # fmt: skip
+
+
+def launches(model_dir: Path, work: Path, trace_path: Path, on_gpu: bool = True) -> list[Launch]:
+    """The plugin with graphs (traced), upstream with graphs, the plugin eager: on the GPU route, or
+    (`on_gpu=False`) as CPU servers in graph mode, for the dry run."""
+    traced, upstream = {trace.ENV: str(trace_path)}, {"SGLANG_PLUGINS": "none"}
+    if not on_gpu:
+        return [
+            Launch(model_dir, work / "graphs.log", CPU_DRY_RUN_ARGS, traced, graph_mode=True),
+            Launch(model_dir, work / "upstream.log", CPU_DRY_RUN_ARGS, upstream, graph_mode=True),
+            Launch(model_dir, work / "eager.log", CPU_DRY_RUN_ARGS),
+        ]
     args = gpu_server_args()
-    launches = [
-        Launch(tiny_model_dir, work / "graphs.log", args, {**ROUTE_ENV, trace.ENV: str(trace_path)}, cpu=False),
-        Launch(tiny_model_dir, work / "upstream.log", args, {**ROUTE_ENV, "SGLANG_PLUGINS": "none"}, cpu=False),
-        Launch(tiny_model_dir, work / "eager.log", without_graphs(args), ROUTE_ENV, cpu=False),
+    return [
+        Launch(model_dir, work / "graphs.log", args, {**ROUTE_ENV, **traced}, cpu=False),
+        Launch(model_dir, work / "upstream.log", args, {**ROUTE_ENV, **upstream}, cpu=False),
+        Launch(model_dir, work / "eager.log", without_graphs(args), ROUTE_ENV, cpu=False),
     ]
-    with running_servers(*launches, timeout=420) as (graphs, upstream, eager):
-        started = trace_path.stat().st_size  # capture and SGLang's warm-up are behind this
+
+
+REPEATED = f"video {PRUNED[0][0]} at {PRUNED[0][1]}"
+
+
+@contextmanager
+def serving_all(model_dir: Path, media: Path, work: Path, on_gpu: bool = True) -> Iterator[dict]:
+    """The three servers' replies, a radix repeat on the graphs server, and its trace with the trace's size
+    once the servers were up (capture and SGLang's warm-up are behind it)."""
+    trace_path = work / "trace.jsonl"
+    with running_servers(*launches(model_dir, work, trace_path, on_gpu), timeout=420) as (graphs, upstream, eager):
+        started = trace_path.stat().st_size
         out = {
-            "graphs": serve_all(graphs.base_url, media_dir),
-            "upstream": serve_all(upstream.base_url, media_dir, q0_only=True),
-            "eager": serve_all(eager.base_url, media_dir),
+            "graphs": serve_all(graphs.base_url, media),
+            "upstream": serve_all(upstream.base_url, media, q0_only=True),
+            "eager": serve_all(eager.base_url, media),
         }
-        prompt, kwargs = cases(media_dir, *PRUNED[0])[f"video {PRUNED[0][0]} at {PRUNED[0][1]}"]
+        prompt, kwargs = all_cases(media)[REPEATED]
         out["repeat"] = generate(graphs.base_url, prompt, **kwargs)[0]
         yield {**out, "trace": trace_path, "started": started}
 
 
-@gpu_only
-def test_q0_matches_upstream_with_the_same_flags(served):
+@pytest.fixture(scope="module")
+def served(tiny_model_dir, media_dir, tmp_path_factory) -> Iterator[dict]:
+    with serving_all(tiny_model_dir, media_dir, tmp_path_factory.mktemp("gpu_graphs")) as replies:
+        yield replies
+
+
+def check_q0_matches_upstream(served: dict) -> None:
     compare(served["graphs"], served["upstream"], Q0_TOLERANCE, "q = 0, graphs against upstream")
 
 
-@gpu_only
-def test_pruned_and_unpruned_match_eager(served):
+def check_pruned_and_unpruned_match_eager(served: dict) -> None:
     assert {name for name in served["graphs"] if "vidcom2" in name} and any("evs at" in n for n in served["graphs"])
     compare(served["graphs"], served["eager"], PRUNED_TOLERANCE, "graphs against eager")
 
 
-@gpu_only
-def test_every_media_prefill_and_decode_replayed(served):
+def check_every_media_prefill_and_decode_replayed(served: dict) -> None:
     events = events_since(served["trace"], served["started"])
     carried, unreplayed = media_forwards_without_replay(events)
     print(f"forwards with media rows: {carried}, of them without a prefill graph replay: {unreplayed}")
@@ -188,19 +217,46 @@ def test_every_media_prefill_and_decode_replayed(served):
     assert replayed > 0 and eager == 0
 
 
-@gpu_only
-def test_chunked_prefill_cut_a_pruned_video(served):
+def check_chunked_prefill_cut_a_pruned_video(served: dict) -> None:
     events = [e for e in events_since(served["trace"], served["started"]) if e["event"] == "evs_positions"]
     assert any(cut_by_a_chunk(events, item) for item in {e["item"] for e in events})
 
 
+def check_radix_repeat_answers_as_before(served: dict) -> None:
+    first, again = served["graphs"][REPEATED], served["repeat"]
+    assert again.cached_tokens > 0
+    compare({REPEATED: again}, {REPEATED: first}, PRUNED_TOLERANCE, "radix repeat against the first")
+    compare({REPEATED: again}, {REPEATED: served["eager"][REPEATED]}, PRUNED_TOLERANCE, "radix repeat against eager")
+
+
+CHECKS = (check_q0_matches_upstream, check_pruned_and_unpruned_match_eager,
+          check_every_media_prefill_and_decode_replayed, check_chunked_prefill_cut_a_pruned_video,
+          check_radix_repeat_answers_as_before)  # fmt: skip
+
+
+@gpu_only
+def test_q0_matches_upstream_with_the_same_flags(served):
+    check_q0_matches_upstream(served)
+
+
+@gpu_only
+def test_pruned_and_unpruned_match_eager(served):
+    check_pruned_and_unpruned_match_eager(served)
+
+
+@gpu_only
+def test_every_media_prefill_and_decode_replayed(served):
+    check_every_media_prefill_and_decode_replayed(served)
+
+
+@gpu_only
+def test_chunked_prefill_cut_a_pruned_video(served):
+    check_chunked_prefill_cut_a_pruned_video(served)
+
+
 @gpu_only
 def test_radix_repeat_answers_as_before(served):
-    name = f"video {PRUNED[0][0]} at {PRUNED[0][1]}"
-    first, again = served["graphs"][name], served["repeat"]
-    assert again.cached_tokens > 0
-    compare({name: again}, {name: first}, PRUNED_TOLERANCE, "radix repeat against the first")
-    compare({name: again}, {name: served["eager"][name]}, PRUNED_TOLERANCE, "radix repeat against eager")
+    check_radix_repeat_answers_as_before(served)
 
 
 def events_since(trace_path: Path, offset: int) -> list[dict]:

@@ -3,7 +3,17 @@
 import argparse
 from pathlib import Path
 
-from test_prefill_cuda_graph_gpu import CHUNK, PRUNED, all_cases, cases, concurrent_batch, gpu_server_args
+import pytest
+from test_prefill_cuda_graph_gpu import (
+    CHECKS,
+    CHUNK,
+    PRUNED,
+    all_cases,
+    cases,
+    concurrent_batch,
+    gpu_server_args,
+    serving_all,
+)
 
 from sglang_evs.testing.gpu import PLANNED_ROUTE_ARGS, route_args, without_graphs
 from sglang_evs.testing.server import CPU_ROUTE_ENV, server_environment
@@ -55,3 +65,14 @@ def test_cases_cover_q0_both_methods_and_every_media_mix(media_dir):
     ]
     files += [Path(f) for key in ("image_data", "video_data") for row in batch[key] for f in row]
     assert files and all(f.exists() for f in files)
+
+
+@pytest.mark.slow
+def test_gpu_checks_pass_on_cpu_servers_in_graph_mode(tiny_model_dir, media_dir, tmp_path, capsys):
+    """The GPU module's servers, requests and every one of its checks, run on CPU servers in graph mode
+    (SGLang's graph runners replaying on CPU stand-ins) in bfloat16: what only a GPU can run is the device."""
+    with serving_all(tiny_model_dir, media_dir, tmp_path, on_gpu=False) as served:
+        for check in CHECKS:
+            check(served)
+    printed = capsys.readouterr().out
+    assert "largest logprob gap" in printed and "decode steps replayed" in printed
