@@ -44,14 +44,15 @@ def gpu_server_args(prefill_graphs: bool, chunk: int = BUCKETS[-1]) -> list[str]
     args = [
         *route_args(), "--dtype", "bfloat16", "--load-format", "dummy", "--chunked-prefill-size", str(chunk),
         "--cuda-graph-bs-prefill", *(str(b) for b in BUCKETS if b <= chunk), "--cuda-graph-max-bs-decode", "4",
-        "--mem-fraction-static", "0.4",
+        "--mem-fraction-static", "0.4", "--context-length", "32768",
     ]  # fmt: skip
     return args if prefill_graphs else without_prefill_graphs(args)
 
 
-# --smoke: float32 on CPU in graph mode (SGLang's graph runners replaying on CPU stand-ins), prefill buckets
-# up to one chunk that holds a whole 2 s clip's prompt
-SMOKE_ARGS = ["--dtype", "float32", "--chunked-prefill-size", "256", "--cuda-graph-max-bs-prefill", "256"]
+# --smoke: float32 on CPU in graph mode (SGLang's graph runners replaying on CPU stand-ins), prefill graphs of
+# one bucket, a chunk that holds a whole 2 s clip's prompt (each pads under 2x), decode graphs for 1 and 2
+SMOKE_ARGS = ["--dtype", "float32", "--chunked-prefill-size", "256", "--cuda-graph-bs-prefill", "256",
+              "--cuda-graph-max-bs-decode", "2"]  # fmt: skip
 
 
 def launch(model: str, work: Path, side: str, trace_path: Path, smoke: bool):
@@ -97,6 +98,13 @@ def schedule(clips: int, rates: list[float]) -> list[tuple[int, float, tuple[str
         for rate in rates[clip % len(rates) :] + rates[: clip % len(rates)]:
             out.append((clip, rate, ("graph", "eager") if len(out) % 2 == 0 else ("eager", "graph")))
     return out
+
+
+def complete_clips(samples: list[dict], rates: list[float]) -> list[dict]:
+    """The samples of the clips measured at every rate on both servers (a run stopped early leaves one part-done)."""
+    done = {(s["clip"], s["side"], s["rate"]) for s in samples}
+    full = {c for c, _, _ in done if all((c, side, q) in done for side in ("graph", "eager") for q in rates)}
+    return [s for s in samples if s["clip"] in full]
 
 
 def summarize(samples: list[dict], rates: list[float]) -> dict:
@@ -163,6 +171,8 @@ def report(result: dict) -> str:
             lines.append(f"{side}: TTFT q={rate} / q=0 {interval(summary)}")
     for rate, summary in result["eager_over_graph_ttft"].items():
         lines.append(f"eager/graph TTFT at q={rate}: {interval(summary)}")
+    if result.get("interrupted"):
+        lines.append(f"stopped early (time limit): {result['setup']['clips']} clips measured in full")
     replays = result["graph_replays"]
     lines.append(f"graph server: {replays['replayed_a_prefill_graph']} of {replays['timed']} timed requests "
                  "replayed a prefill graph")  # fmt: skip
@@ -219,17 +229,26 @@ def main(argv: list[str] | None = None) -> dict:
         for url in set(urls.values()):  # the first request of each rate and shape is not measured
             for rate in rates:
                 timed_video_request(url, warm_line, rate, args.method)
-        samples = []
-        for i, (clip, rate, order) in enumerate(schedule(len(lines), rates)):
-            for side in order:
-                sample = measure(
-                    urls[side], lines[clip], rate, args.method, traces[side], seed=2 * i + (side == "eager")
-                )
-                samples.append({"clip": clip, "side": side, **sample})
+        samples, interrupted = [], False
+        try:
+            for i, (clip, rate, order) in enumerate(schedule(len(lines), rates)):
+                for side in order:
+                    sample = measure(
+                        urls[side], lines[clip], rate, args.method, traces[side], seed=2 * i + (side == "eager")
+                    )
+                    samples.append({"clip": clip, "side": side, **sample})
+        except KeyboardInterrupt:  # a time limit (SIGINT): report the clips measured in full, stop the servers
+            interrupted = True
+    samples = complete_clips(samples, rates)
+    if not samples:
+        sys.exit("bench_gpu_ttft: no clip was measured at every rate on both servers")
     result = summarize(samples, rates)
+    result["interrupted"] = interrupted
     what = "smoke: tiny Qwen3-VL, one CPU server on both sides" if args.smoke else "Qwen3-VL-8B-shaped, bfloat16"
+    if args.smoke:
+        what += " (T_vit 0: the other side's request left the features in the server's vision cache)"
     result["setup"] = {"what": what, "device": device, "model": model, "method": args.method, "rates": rates,
-                       "clips": len(lines), "seconds": seconds, "size": list(size), "fps": fps,
+                       "clips": len({s["clip"] for s in samples}), "seconds": seconds, "size": list(size), "fps": fps,
                        "server_args": {"graph": SMOKE_ARGS if args.smoke else gpu_server_args(True),
                                        "eager": SMOKE_ARGS if args.smoke else gpu_server_args(False)},
                        "wall_s": time.monotonic() - started, "date": time.strftime("%Y-%m-%d")}  # fmt: skip

@@ -77,3 +77,11 @@ def test_without_a_gpu_or_smoke_it_says_so_and_starts_nothing(tmp_path):
                           timeout=120)  # fmt: skip
     assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_a_run_stopped_early_reports_only_clips_measured_in_full(bench):
+    rates = [0.0, 0.75]
+    samples = [sample(side, c, q, 10.0) for c in range(2) for q in rates for side in ("graph", "eager")]
+    partial = samples[:-1]  # clip 1's last measurement never came
+    assert {s["clip"] for s in bench.complete_clips(partial, rates)} == {0}
+    assert bench.complete_clips(samples, rates) == samples
