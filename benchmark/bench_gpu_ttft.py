@@ -21,8 +21,9 @@ ideal `T_vit + T_lm(kept)` and TTFT over it; the ideal of `bench/ratios.py`, `E 
 interval); per (clip, rate) eager/graph TTFT. The graph server's trace also tells whether each timed request
 replayed a prefill graph (a request that did not is counted, not timed as eager).
 
-`--smoke`: the tiny Qwen3-VL on one CPU server standing for both sides, two 2 s clips: every step runs,
-the ratios say nothing (`test/bench/test_bench_gpu_ttft.py` runs it).
+`--smoke`: the tiny Qwen3-VL in float32 on one CPU server in graph mode (SGLang's graph runners replaying on
+CPU stand-ins) standing for both sides, 2 s clips of 64 x 64: every step runs, replays are counted, the
+figures say nothing (`test/bench/test_bench_gpu_ttft.py` runs it with one clip).
 """
 
 import argparse
