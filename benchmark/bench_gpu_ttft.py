@@ -1,7 +1,7 @@
 """GPU: video TTFT on a Qwen3-VL-8B-shaped server at q = 0, .5, .75, beside the vision tower's time and the
 ideal; prefill CUDA graphs against eager, side by side.
 
-    SGLANG_EVS_GPU_ROUTE=1 python benchmark/bench_gpu_ttft.py [--model-path M] [--clips 6] [--seconds 16]
+    SGLANG_EVS_GPU_ROUTE=1 python benchmark/bench_gpu_ttft.py [--model-path M] [--clips 6] [--seconds 8]
         [--size 448x448] [--fps 2] [--rates 0 0.5 0.75] [--method evs] [--output bench.json]
     python benchmark/bench_gpu_ttft.py --smoke [--model-path TINY]   # CPU, tiny model, seconds: the plumbing
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model-path", default=None, help="default: the 8B-shaped config (--smoke: the tiny model)")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, one server for both sides")
     parser.add_argument("--clips", type=int, default=6)
-    parser.add_argument("--seconds", type=float, default=16.0)
+    parser.add_argument("--seconds", type=float, default=8.0)  # about 3.2k video tokens at 448 x 448
     parser.add_argument("--size", default="448x448", help="HxW of the clips")
     parser.add_argument("--fps", type=int, default=2)
     parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.5, 0.75])
