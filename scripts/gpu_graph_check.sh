@@ -1,25 +1,51 @@
 #!/usr/bin/env bash
-# The graph checks a CUDA machine runs as it is (SGLang 0.5.23's CUDA build and this package installed;
-# the CPU route's environment not set), ending in a short report:
-#   1. the GPU tests: the GPU's defaults at q = 0 against upstream and pruned against eager, and each
-#      prefill graph backend (breakable, full) against eager, every media forward replayed
-#      (test/models/test_prefill_cuda_graph_gpu.py);
-#   2. the prefill-graph benchmark: eager/graph TTFT of short multimodal prefills, side by side
-#      (benchmark/bench_prefill_graph.py).
-#   bash scripts/gpu_graph_check.sh [REPORT_DIR]      (default: gpu-graph-report)
+# The graph checks on a CUDA machine, on the GPU route (SGLang's Triton attention backend and pure-torch
+# stand-ins for its CUDA kernels, SGLANG_EVS_GPU_ROUTE=1; no CPU environment), in bfloat16, within 8 minutes:
+#   1. the GPU tests (test/models/test_prefill_cuda_graph_gpu.py, at most TESTS_S seconds, default 270): the tiny
+#      Qwen3-VL with SGLang's graph defaults, q = 0 against upstream with the same flags, EVS and VidCom2 at
+#      q = .75 against the same server eager, every media prefill and decode step replayed, chunked prefill
+#      and a radix repeat; each comparison prints its largest logprob gap;
+#   2. the TTFT benchmark (benchmark/bench_gpu_ttft.py, at most BENCH_S seconds, default 200): the
+#      Qwen3-VL-8B-shaped config with random weights, TTFT at q = 0, .5, .75 beside the vision tower's time
+#      and the ideal, prefill graphs against eager, side by side.
+#   bash scripts/gpu_graph_check.sh [REPORT_DIR]      (default: gpu-graph-report; PYTHON picks the interpreter)
+# Writes REPORT_DIR/tests.txt, bench.json, bench.txt, summary.txt (and the benchmark's server log tails).
+# Exit status: 1 without a CUDA device; otherwise 0 only if the tests and the benchmark both succeeded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report=${1:-gpu-graph-report}
+python=${PYTHON:-python3}
 mkdir -p "$report"
-unset SGLANG_USE_CPU_ENGINE SGLANG_EVS_CPU_GRAPHS
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: nothing to check')" || exit 1
-python -m pytest -m gpu test/models/test_prefill_cuda_graph_gpu.py -q -rA -p no:cacheprovider 2>&1 | tee "$report/tests.txt"
+unset SGLANG_USE_CPU_ENGINE SGLANG_EVS_CPU_GRAPHS TORCHDYNAMO_DISABLE
+export SGLANG_EVS_GPU_ROUTE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+"$python" -c "import sglang_evs" 2>/dev/null || export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
+"$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: nothing to check')" || exit 1
+device=$("$python" -c 'import torch; print(torch.cuda.get_device_name())')
+
+# SIGINT, not TERM, at the limit: pytest and the benchmark then stop the servers they started (each its own
+# process group) before exiting, so the next step gets the GPU's memory back.
+start=$SECONDS
+timeout -s INT -k 30 "${TESTS_S:-270}" "$python" -m pytest -m gpu test/models/test_prefill_cuda_graph_gpu.py \
+  -q -rA -p no:cacheprovider 2>&1 | tee "$report/tests.txt"
 tests=${PIPESTATUS[0]}
-python benchmark/bench_prefill_graph.py --backend breakable --pairs 30 --output "$report/bench.json" 2>&1 \
-  | tee "$report/bench.txt"
+tests_s=$((SECONDS - start))
+
+start=$SECONDS
+work=.cache/bench/gpu_ttft
+timeout -s INT -k 30 "${BENCH_S:-200}" "$python" benchmark/bench_gpu_ttft.py --clips "${BENCH_CLIPS:-6}" \
+  --workdir "$work" --output "$report/bench.json" 2>&1 | tee "$report/bench.txt"
 bench=${PIPESTATUS[0]}
-echo
-echo "== report ($(python -c 'import torch; print(torch.cuda.get_device_name())'))"
-grep -E "passed|failed|error" "$report/tests.txt" | tail -1
-grep -E "eager/graph TTFT" "$report/bench.txt" || echo "benchmark: no result"
+bench_s=$((SECONDS - start))
+for log in "$work"/graph.log "$work"/eager.log; do
+  [ -f "$log" ] && tail -n 200 "$log" > "$report/bench-$(basename "$log" .log)-server-tail.log"
+done
+
+{
+  echo "== GPU graph checks on $device ($(date -u +%Y-%m-%dT%H:%MZ)), GPU route, bfloat16"
+  echo "tests (exit $tests, ${tests_s} s): $(grep -E '[0-9]+ (passed|failed|error)' "$report/tests.txt" | tail -1)"
+  grep -hE "largest logprob gap|without a prefill graph replay|decode steps replayed" "$report/tests.txt" | sort -u
+  echo "benchmark (exit $bench, ${bench_s} s):"
+  grep -E "^(side|graph|eager) |TTFT q=|eager/graph TTFT|replayed a prefill graph" "$report/bench.txt" \
+    || echo "benchmark: no result"
+} | tee "$report/summary.txt"
 exit $(( tests || bench ))
