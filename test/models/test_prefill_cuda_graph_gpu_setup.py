@@ -15,7 +15,7 @@ from test_prefill_cuda_graph_gpu import (
     serving_all,
 )
 
-from sglang_evs.testing.gpu import PLANNED_ROUTE_ARGS, route_args, without_graphs
+from sglang_evs.testing.gpu import route_args, without_graphs
 from sglang_evs.testing.server import CPU_ROUTE_ENV, server_environment
 
 
@@ -44,12 +44,11 @@ def test_gpu_server_arguments_parse_in_sglang_in_bfloat16_on_triton():
     assert eager.cuda_graph_backend_prefill == "disabled" and eager.cuda_graph_backend_decode == "disabled"
 
 
-def test_route_arguments_are_the_planned_ones_until_the_route_is_installed():
-    import importlib.util
-
-    if importlib.util.find_spec("sglang_evs.runtime.gpu_route") is None:
-        assert route_args() == PLANNED_ROUTE_ARGS
-    assert set(route_args()) >= {"--device", "cuda"}
+def test_route_arguments_select_the_triton_backend_without_flashinfer():
+    args = route_args()
+    assert args[args.index("--attention-backend") + 1] == "triton"
+    assert args[args.index("--sampling-backend") + 1] == "pytorch"
+    assert not any("flashinfer" in value for value in args if not value.startswith("--"))
 
 
 def test_cases_cover_q0_both_methods_and_every_media_mix(media_dir):
