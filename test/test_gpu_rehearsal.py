@@ -99,6 +99,32 @@ def test_sglang_imports_from_the_installed_wheels(rehearsal):
             env=clean_environment())  # fmt: skip
 
 
+def test_the_decord_reader_gives_the_clips_frames(rehearsal, media_dir, tmp_path):
+    """The carried decord API over OpenCV decodes the suite's H.264 clip (8 frames at 4 fps) as PyAV does here,
+    frame for frame, RGB, in the order asked, through SGLang's own VideoDecoderWrapper too."""
+    import av
+    import numpy as np
+
+    clip = media_dir / "moving.mp4"
+    with av.open(str(clip)) as container:
+        np.save(tmp_path / "want.npy", np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)]))
+    code = f"""
+import json, numpy as np, decord
+from sglang.srt.utils.video_decoder import VideoDecoderWrapper
+want = np.load({str(tmp_path / "want.npy")!r}).astype(int)
+reader = decord.VideoReader({str(clip)!r}, ctx=decord.cpu(0))
+got = reader.get_batch([7, 0, 3]).asnumpy().astype(int)
+wrapped = VideoDecoderWrapper({str(clip)!r}).get_frames_as_tensor([1, 6]).numpy().astype(int)
+print(json.dumps({{"len": len(reader), "fps": reader.get_avg_fps(), "shape": list(got.shape),
+    "gap": float(np.abs(got - want[[7, 0, 3]]).max()), "wrapped_gap": float(np.abs(wrapped - want[[1, 6]]).max()),
+    "neighbour_gap": float(np.abs(got[0] - want[6]).mean())}}))
+"""
+    env = clean_environment(SGLANG_USE_CPU_ENGINE="1")
+    out = json.loads(run([str(rehearsal["python"]), "-c", code], timeout=300, env=env).stdout.splitlines()[-1])
+    assert (out["len"], out["fps"], out["shape"]) == (8, 4.0, [3, 64, 64, 3]), out
+    assert out["gap"] <= 2 and out["wrapped_gap"] <= 2 and out["neighbour_gap"] > 2, out
+
+
 @pytest.mark.parametrize("inputs", ["built-here", "as-on-the-gpu-machine"])
 def test_serves_a_video_pruned_at_three_quarters(rehearsal, inputs, request, tmp_path):
     """The CPU route in the rehearsal's Python 3.12. `built-here`: the tiny model built by this checkout's venv
