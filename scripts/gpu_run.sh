@@ -7,12 +7,14 @@
 #      (`python -m sglang_evs.runtime.gpu_route --check`, where that module exists), SGLang's server import,
 #      the tiny-model serve check (scripts/gpu_pack/serve_check.py: a video at q = 0.75), the graph check
 #      (scripts/gpu_graph_check.sh, where it exists) and the methods check (scripts/gpu_methods_check.sh);
-#   3. writes $OUT/report.md (pass/fail, seconds and figures of each step), $OUT/serve-check.json and
-#      $OUT/logs.tar.gz (every step's log and report folder); OUT defaults to gpu-run-report.
+#   3. writes $OUT/report.md (pass/fail, seconds and figures of each step), $OUT/serve-check.json, the
+#      benchmarks' JSON (graph-bench.json, methods-bench-{2b,8b}.json) and $OUT/logs.tar.gz (every step's log
+#      and report folder); OUT defaults to gpu-run-report.
 # Exit status: 0 when every step that ran passed.
 #   bash scripts/gpu_run.sh                  PYTHON: the machine's interpreter (python3)
 #   STEPS="install facts route" bash scripts/gpu_run.sh     only these steps (the CPU rehearsal's plumbing check)
 set -uo pipefail
+script_start=$(date +%s)
 cd "$(dirname "$0")/.."
 repo=$PWD
 out=${OUT:-gpu-run-report}
@@ -72,7 +74,10 @@ export SGLANG_EVS_GPU_ROUTE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS
 # insert panics ("Unsupported TypeMeta in ATen", seen in the CPU rehearsal): the pure-Python tree core instead.
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}
 unset SGLANG_USE_CPU_ENGINE SGLANG_EVS_CPU_GRAPHS
+# The checks end by CHECK_BUDGET_S after the install and by TOTAL_BUDGET_S (default 570 s) after this script
+# started, whichever is first: one device call runs at most 600 s.
 deadline=$(( $(date +%s) + budget ))
+[ "$deadline" -gt $(( script_start + ${TOTAL_BUDGET_S:-570} )) ] && deadline=$(( script_start + ${TOTAL_BUDGET_S:-570} ))
 
 if wanted facts; then
   run_step facts 60 python - <<'PY'
@@ -145,6 +150,9 @@ fi
   cat "$work/summary.md"
 } > "$report"
 for sub in graph methods; do [ -d "$work/$sub" ] && cp -r "$work/$sub" "$work/logs/$sub-report"; done
+# the benchmarks' figures beside the report too ($OUT takes 8 files at most)
+cp "$work/graph/bench.json" "$out/graph-bench.json" 2>/dev/null
+for tower in 2b 8b; do cp "$work/methods/bench-$tower.json" "$out/methods-bench-$tower.json" 2>/dev/null; done
 tar -czf "$out/logs.tar.gz" -C "$work" logs
 cat "$report"
 exit $failed
