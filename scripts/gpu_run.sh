@@ -114,6 +114,8 @@ if wanted serve; then
     --report "$out/serve-check.json"
   figures=$(python -c "
 import json; r = json.load(open('$out/serve-check.json'))
+lines = r.get('error', '').strip().splitlines()
+if lines: r['error'] = lines[0][:200] + (' ... ' + lines[-1][:300] if len(lines) > 1 else '')
 print(', '.join(f'{k} {r[k]}' for k in ('server_start_s', 'video_tokens_before', 'video_tokens_kept', 'chat_status', 'error') if k in r))" 2>/dev/null)
   record serve "$step_result" "$step_seconds" "$figures"
   cp "$work/serve/server.log" "$work/logs/serve-server.log" 2>/dev/null
