@@ -49,6 +49,9 @@ ENVIRONMENT: dict[str, str] = {
     "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",  # every BaseFusedOp runs its forward_native
     # the launcher asserts that the sglang-kernel distribution (>= 0.4.9) is installed on CUDA; it is not here
     "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+    # SGLang's bundled Rust radix-tree core is built against torch 2.14.1; under torch 2.11 (the GPU machine's)
+    # its first insert panics ("Unsupported TypeMeta in ATen", seen in the CPU rehearsal): SGLang's Python core
+    "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
 }
 
 # "sgl_kernel.<name>" or "sgl_kernel.<submodule>" -> the SGLang modules that asked for it (this process)

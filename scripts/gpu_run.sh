@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The one script the GPU machine runs (docs/gpu-route.md, "Packaging and running on the GPU machine"):
+#   1. installs the carried wheels (.whl/run*/, from scripts/gpu_wheels.py) offline into a private venv over
+#      the machine's python3 (scripts/gpu_pack/install.sh: the machine's torch 2.11 stays, .pth files work);
+#   2. sets the GPU route's environment (SGLANG_EVS_GPU_ROUTE=1, offline hub) and runs, each under a time
+#      limit and all within CHECK_BUDGET_S (default 480 s) after the install: the route's import check
+#      (`python -m sglang_evs.runtime.gpu_route --check`, where that module exists), SGLang's server import,
+#      the tiny-model serve check (scripts/gpu_pack/serve_check.py: a video at q = 0.75), the graph check
+#      (scripts/gpu_graph_check.sh, where it exists) and the methods check (scripts/gpu_methods_check.sh);
+#   3. writes $OUT/report.md (pass/fail, seconds and figures of each step), $OUT/serve-check.json, the
+#      benchmarks' JSON (graph-bench.json, methods-bench-{2b,8b}.json) and $OUT/logs.tar.gz (every step's log
+#      and report folder); OUT defaults to gpu-run-report.
+# Exit status: 0 when every step that ran passed.
+#   bash scripts/gpu_run.sh                  PYTHON: the machine's interpreter (python3)
+#   STEPS="install facts route" bash scripts/gpu_run.sh     only these steps (the CPU rehearsal's plumbing check)
+set -uo pipefail
+script_start=$(date +%s)
+cd "$(dirname "$0")/.."
+repo=$PWD
+out=${OUT:-gpu-run-report}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=${SGLANG_EVS_GPU_WORK:-/tmp/sglang-evs-gpu}
+rm -rf "$work/logs"
+mkdir -p "$work/logs"
+base=${PYTHON:-python3}
+venv=$work/venv
+steps=${STEPS:-install facts route import serve graph methods}
+budget=${CHECK_BUDGET_S:-480}
+report=$out/report.md
+failed=0
+: > "$work/summary.md"
+
+wanted() { [[ " $steps " == *" $1 "* ]]; }
+record() {  # step, result, seconds, figures
+  printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" >> "$work/summary.md"
+  echo "== $1: $2 (${3} s) $4"
+}
+# run_step NAME LIMIT_S CMD...: the command's output in logs/NAME.txt; it is stopped (SIGINT, then SIGKILL)
+# at LIMIT_S or at what is left of the check budget, whichever comes first.
+run_step() {
+  local name=$1 limit=$2
+  shift 2
+  if [ -n "${deadline:-}" ]; then
+    local left=$(( deadline - $(date +%s) ))
+    if [ "$left" -lt 20 ]; then record "$name" "skipped (no time left)" 0 ""; failed=1; return 1; fi
+    [ "$limit" -gt "$left" ] && limit=$left
+  fi
+  local start=$(date +%s)
+  timeout --signal=INT --kill-after=20 "$limit" "$@" > "$work/logs/$name.txt" 2>&1
+  local rc=$?
+  local took=$(( $(date +%s) - start ))
+  if [ $rc -eq 0 ]; then step_result=pass; else step_result="FAIL (exit $rc$( [ $rc -eq 124 ] && echo ", over ${limit} s"))"; failed=1; fi
+  step_seconds=$took
+  return $rc
+}
+tail_of() { tail -n "${2:-3}" "$work/logs/$1.txt" 2>/dev/null | tr '\n|' '  ' | cut -c1-400; }
+
+if wanted install; then
+  shopt -s nullglob
+  dirs=("${WHEELS_DIR:-.whl}"/run*/)
+  shopt -u nullglob
+  if [ ${#dirs[@]} -eq 0 ]; then
+    record install "FAIL (no .whl/run*/: run scripts/gpu_wheels.py here and carry .whl/run1)" 0 ""
+    failed=1
+  else
+    run_step install 240 bash scripts/gpu_pack/install.sh "$base" "$venv" "${dirs[@]}"
+    record install "$step_result" "$step_seconds" "$(ls "${dirs[@]}" | grep -c '\.whl$') wheels from ${dirs[*]}; $(tail_of install 1)"
+  fi
+fi
+[ -x "$venv/bin/python" ] && export PATH=$venv/bin:$PATH   # `python` and `python3` of every check: the venv's
+export SGLANG_EVS_GPU_ROUTE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# (the route sets the rest of its environment in every process: sglang_evs.runtime.gpu_route.ENVIRONMENT)
+unset SGLANG_USE_CPU_ENGINE SGLANG_EVS_CPU_GRAPHS
+# The checks end by CHECK_BUDGET_S after the install and by TOTAL_BUDGET_S (default 570 s) after this script
+# started, whichever is first: one device call runs at most 600 s.
+deadline=$(( $(date +%s) + budget ))
+[ "$deadline" -gt $(( script_start + ${TOTAL_BUDGET_S:-570} )) ] && deadline=$(( script_start + ${TOTAL_BUDGET_S:-570} ))
+
+if wanted facts; then
+  run_step facts 60 python - <<'PY'
+import importlib.metadata as m, platform, sys
+print("python", platform.python_version(), sys.executable)
+for name in ("torch", "triton", "transformers", "sglang", "sglang-evs", "numpy", "opencv-python-headless"):
+    try:
+        print(name, m.version(name))
+    except m.PackageNotFoundError:
+        print(name, "MISSING")
+import torch
+print("cuda", torch.version.cuda, "available", torch.cuda.is_available(),
+      torch.cuda.get_device_name() if torch.cuda.is_available() else "")
+PY
+  record facts "$step_result" "$step_seconds" "$(tail_of facts 9)"
+fi
+
+if wanted route; then
+  if [ -f python/sglang_evs/runtime/gpu_route.py ]; then
+    run_step route 90 python -m sglang_evs.runtime.gpu_route --check
+    record route "$step_result" "$step_seconds" "$(tail_of route 2)"
+  else
+    record route "skipped (python/sglang_evs/runtime/gpu_route.py not in this checkout)" 0 ""
+  fi
+fi
+
+if wanted import; then
+  run_step import 120 python -c "import sglang.srt.entrypoints.http_server, sglang_evs.plugin; print('SGLang server modules import')"
+  record import "$step_result" "$step_seconds" "$(tail_of import 2)"
+fi
+
+if wanted serve; then
+  run_step serve 200 python scripts/gpu_pack/serve_check.py --device cuda --work "$work/serve" --timeout 150 \
+    --report "$out/serve-check.json"
+  figures=$(python -c "
+import json; r = json.load(open('$out/serve-check.json'))
+lines = r.get('error', '').strip().splitlines()
+if lines: r['error'] = lines[0][:200] + (' ... ' + lines[-1][:300] if len(lines) > 1 else '')
+print(', '.join(f'{k} {r[k]}' for k in ('server_start_s', 'video_tokens_before', 'video_tokens_kept', 'chat_status', 'error') if k in r))" 2>/dev/null)
+  record serve "$step_result" "$step_seconds" "$figures"
+  cp "$work/serve/server.log" "$work/logs/serve-server.log" 2>/dev/null
+fi
+
+if wanted graph; then
+  if [ -f scripts/gpu_graph_check.sh ]; then
+    run_step graph 270 bash scripts/gpu_graph_check.sh "$work/graph"
+    record graph "$step_result" "$step_seconds" "$(tail_of graph 3)"
+  else
+    record graph "skipped (scripts/gpu_graph_check.sh not in this checkout)" 0 ""
+  fi
+fi
+
+if wanted methods; then
+  if [ -f scripts/gpu_methods_check.sh ]; then
+    run_step methods 180 bash scripts/gpu_methods_check.sh "$work/methods"
+    figures="$(grep -hE "passed|failed" "$work/methods/tests.txt" 2>/dev/null | tail -1); $(grep -hiE "encoder|mask" "$work"/methods/bench-*.txt 2>/dev/null | tail -4 | tr '\n|' '  ')"
+    record methods "$step_result" "$step_seconds" "${figures:0:600}"
+  else
+    record methods "skipped (scripts/gpu_methods_check.sh not in this checkout)" 0 ""
+  fi
+fi
+
+{
+  echo "# sglang-evs on the GPU machine ($(date -u +%FT%TZ))"
+  echo
+  echo "device: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi')"
+  echo "checkout: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null) $(git -C "$repo" status --porcelain 2>/dev/null | grep -c . ) changed files"
+  echo "result: $([ $failed -eq 0 ] && echo PASS || echo FAIL)"
+  echo
+  echo "| step | result | s | figures |"
+  echo "| --- | --- | --- | --- |"
+  cat "$work/summary.md"
+} > "$report"
+for sub in graph methods; do [ -d "$work/$sub" ] && cp -r "$work/$sub" "$work/logs/$sub-report"; done
+# the benchmarks' figures beside the report too ($OUT takes 8 files at most)
+cp "$work/graph/bench.json" "$out/graph-bench.json" 2>/dev/null
+for tower in 2b 8b; do cp "$work/methods/bench-$tower.json" "$out/methods-bench-$tower.json" 2>/dev/null; done
+tar -czf "$out/logs.tar.gz" -C "$work" logs
+cat "$report"
+exit $failed
