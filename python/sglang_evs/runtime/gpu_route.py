@@ -200,14 +200,9 @@ class GpuImportFixes(importlib.abc.MetaPathFinder):
                 fix(module)
                 APPLIED.add(module.__name__)
 
-            from sglang_evs.runtime.import_fixes import _ThenLoader
+            from sglang_evs.runtime.import_fixes import spec_then
 
-            for finder in sys.meta_path:
-                found = None if finder is self else getattr(finder, "find_spec", None)
-                spec = found(fullname, path, target) if found is not None else None
-                if spec is not None and spec.loader is not None:
-                    spec.loader = _ThenLoader(spec.loader, finish)
-                    return spec
+            return spec_then(self, fullname, path, target, finish)
         return None
 
 

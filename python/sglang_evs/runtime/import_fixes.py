@@ -226,10 +226,23 @@ class CpuImportFixes(importlib.abc.MetaPathFinder):
             prepare()
         finish = self._after_import.pop(fullname, None)
         if finish is not None:
-            for finder in sys.meta_path:
-                found = None if finder is self else getattr(finder, "find_spec", None)
-                spec = found(fullname, path, target) if found is not None else None
-                if spec is not None and spec.loader is not None:
-                    spec.loader = _ThenLoader(spec.loader, finish)
-                    return spec
+            return spec_then(self, fullname, path, target, finish)
         return None  # let the regular finders import the real module
+
+
+def spec_then(
+    asker: importlib.abc.MetaPathFinder,
+    fullname: str,
+    path: Sequence[str] | None,
+    target: ModuleType | None,
+    finish: Callable[[ModuleType], None],
+) -> importlib.machinery.ModuleSpec | None:
+    """The spec the other finders (all but `asker`) give `fullname`, its loader running `finish` on the module
+    once it executed; None where no finder has it."""
+    for finder in sys.meta_path:
+        found = None if finder is asker else getattr(finder, "find_spec", None)
+        spec = found(fullname, path, target) if found is not None else None
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, finish)
+            return spec
+    return None
