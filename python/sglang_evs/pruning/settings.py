@@ -25,6 +25,7 @@ from sglang_evs.methods import (
     check_pruning_rate,
     method_named,
 )
+from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
 
 RETIRED_SETTING = "video_retention_ratio"
 # Every key the plugin reads from a config or a request: the retired one too, to refuse it by name.
@@ -107,42 +108,22 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     if role is not None and transport not in (PRUNING_TRANSPORT, "auto"):  # auto: zmq_to_scheduler for ours
         return f"{role} over --encoder-transfer-backend {transport}"
     architecture = (getattr(hf_config, "architectures", None) or [None])[0]
-    if role is not None and architecture in UNPROVEN_ENCODER_PATH:
-        return f"{role} of {architecture} ({UNPROVEN_ENCODER_PATH[architecture]})"
+    served = SERVED.get(architecture)
+    if role is not None and served is not None and served.unproven_encoder_path is not None:
+        return f"{role} of {architecture} ({served.unproven_encoder_path})"
     return None
-
-
-# Architectures whose encoder/language pair pruning is refused for -> why.
-_INEXACT = "SGLang's encoder path serves it other tokens than one server even at q = 0"
-UNPROVEN_ENCODER_PATH = {
-    # Measured on SGLang 0.5.23 without the plugin: the pair answers other greedy tokens than one server does,
-    # prompt tokens equal, at q = 0 (video and image prompts); pruning there could not be exact.
-    "Qwen2VLForConditionalGeneration": _INEXACT,
-    "Qwen2_5_VLForConditionalGeneration": _INEXACT,
-    # Served through a wrapper whose thinker prunes (models/qwen3_omni.py); its encoder path has not been run.
-    "Qwen3OmniMoeForConditionalGeneration": "never run with pruning: its thinker's config carries no encoder role",
-}
 
 
 # The encoder transport that carries a video's pruning record with its kept rows (pruning/disaggregated.py).
 PRUNING_TRANSPORT = "zmq_to_scheduler"
 
 
-EAGLE3_DRAFT = "LlamaForCausalLMEagle3"  # SGLang 0.5.23's EAGLE3 draft; it reads M-RoPE where its config has them
-# Targets whose NEXTN draft (SGLang builds it from the checkpoint's MTP layer) the plugin serves with the target's
-# positions (`models/qwen3_5.py`, `models/qwen4_exp.py`, `registry.DRAFT_MODELS`).
-MTP_DRAFT_TARGETS = (
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration",
-    "Qwen4ExpForConditionalGeneration",
-)
-
-
 def draft_reads_target_positions(server_args, hf_config) -> bool:
     """Whether the speculative draft is given the target's M-RoPE positions, which are the pruned prompt's
     exact ones (SGLang builds them for the draft's batch from the request, `PrunedVideos.write_positions`):
     - NEXTN (SGLang's EAGLE worker drafting with the checkpoint's own MTP layer, declared in the config as
-      released Qwen3.5 configs do) for `MTP_DRAFT_TARGETS`: the plugin's draft class reads them;
+      released Qwen3.5 configs do) for a target whose record names its MTP draft (`served.mtp_draft_of`): the
+      plugin's draft class reads them;
     - EAGLE3 with a `LlamaForCausalLMEagle3` draft whose config sets `mrope_section`: upstream's draft reads
       them. Every other draft reads 1-D positions, or positions of its own."""
     algorithm = getattr(server_args, "speculative_algorithm", None)
@@ -151,11 +132,11 @@ def draft_reads_target_positions(server_args, hf_config) -> bool:
     if algorithm in ("EAGLE", "NEXTN") and draft in (None, model):
         text_config = getattr(hf_config, "text_config", hf_config)
         target = (getattr(hf_config, "architectures", None) or [None])[0]
-        return int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0 and target in MTP_DRAFT_TARGETS
+        return int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0 and mtp_draft_of(target) is not None
     if algorithm == "EAGLE3" and draft not in (None, model):
         config = checkpoint_config(draft)
         rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
-        return EAGLE3_DRAFT in (config.get("architectures") or []) and "mrope_section" in rope
+        return EAGLE3_DRAFT.architecture in (config.get("architectures") or []) and "mrope_section" in rope
     return False
 
 
