@@ -176,7 +176,7 @@ def refuse_pruning_nothing_reads(server_args) -> None:
 def checkpoint_architecture(server_args) -> str | None:
     """The checkpoint's first architecture as its config.json names it (no remote code is run); None
     where it cannot be read here (SGLang then reports the checkpoint itself)."""
-    from sglang_evs.pruning.settings import checkpoint_config
+    from sglang_evs.pruning.refusals import checkpoint_config
 
     return (checkpoint_config(server_args.model_path).get("architectures") or [None])[0]
 

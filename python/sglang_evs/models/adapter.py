@@ -30,7 +30,8 @@ from sglang_evs.models.graph_inputs import (
 )
 from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
 from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
-from sglang_evs.pruning.settings import refuse_encoder_default, server_pruning
+from sglang_evs.pruning.refusals import refuse_encoder_default
+from sglang_evs.pruning.settings import server_pruning
 from sglang_evs.pruning.videos import PrunedVideos
 from sglang_evs.served import SERVED, VideoFamily
 

@@ -14,9 +14,10 @@ import time
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.pruning.disaggregated import RECORDS, lay_out_pruned
+from sglang_evs.pruning.encoder_records import RECORDS, lay_out_pruned
+from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported
 from sglang_evs.pruning.regions import prune_video_regions
-from sglang_evs.pruning.settings import conflicting_setup, refuse_unsupported, request_pruning, server_pruning
+from sglang_evs.pruning.settings import request_pruning, server_pruning
 from sglang_evs.pruning.usage import record_usage
 from sglang_evs.served import VideoFamily
 
@@ -65,7 +66,7 @@ class PruningProcessor:
     def get_mm_data(self, prompt, embeddings, **kwargs):
         """A `--language-only` server's layout of a request whose rows came from encoder servers: where
         they pruned a video (its record says so), the prompt is laid out unpruned over stand-in rows and
-        the pruned pads deleted (`disaggregated.lay_out_pruned`)."""
+        the pruned pads deleted (`encoder_records.lay_out_pruned`)."""
         records = kwargs.pop(RECORDS, None)
         if not records or all(record["kept"] is None for record in records):
             return super().get_mm_data(prompt, embeddings, **kwargs)
