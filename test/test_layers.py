@@ -52,6 +52,12 @@ def test_the_bottom_modules_import_nothing_of_the_package(module):
     assert not [name for name in imported if name.split(".")[0] == "sglang_evs"], module
 
 
+def test_the_pruning_map_names_every_module():
+    described = ast.get_docstring(ast.parse((PACKAGE / "pruning" / "__init__.py").read_text()))
+    modules = sorted(path.name for path in (PACKAGE / "pruning").glob("*.py") if path.name != "__init__.py")
+    assert [name for name in modules if f"  {name} " not in described] == []
+
+
 def test_the_check_sees_an_import_across_layers(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("from sglang_evs.models.registry import MODELS\nimport sglang_evs.bench.ratios\n")
