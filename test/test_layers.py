@@ -8,7 +8,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "python" / "sglang_evs"
 
 # A folder's modules may import only these of the package's folders (besides its own and the top-level
-# sglang_compat and trace modules, which import nothing of the package).
+# sglang_compat, trace and served modules, which import nothing of the package).
 ALLOWED = {
     "methods": set(),
     "runtime": set(),
@@ -40,6 +40,22 @@ def test_a_folder_imports_no_higher_layer(folder):
     for path in sorted((PACKAGE / folder).glob("*.py")):
         above = imported_folders(path) - ALLOWED[folder] - {folder}
         assert not above, f"{path.relative_to(PACKAGE)} imports {sorted(above)}"
+
+
+@pytest.mark.parametrize("module", ["sglang_compat.py", "trace.py", "served.py"])
+def test_the_bottom_modules_import_nothing_of_the_package(module):
+    tree = ast.parse((PACKAGE / module).read_text())
+    imported = [
+        "sglang_evs" if node.level else node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    ]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert not [name for name in imported if name.split(".")[0] == "sglang_evs"], module
+
+
+def test_the_pruning_map_names_every_module():
+    described = ast.get_docstring(ast.parse((PACKAGE / "pruning" / "__init__.py").read_text()))
+    modules = sorted(path.name for path in (PACKAGE / "pruning").glob("*.py") if path.name != "__init__.py")
+    assert [name for name in modules if f"  {name} " not in described] == []
 
 
 def test_the_check_sees_an_import_across_layers(tmp_path):

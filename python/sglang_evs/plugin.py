@@ -66,6 +66,7 @@ def register_hooks() -> None:
     from sglang_evs import trace
     from sglang_evs.models import registry
     from sglang_evs.pruning import disaggregated
+    from sglang_evs.served import SERVED
 
     # No hook on SGLang's embedding routine: this project's models call this project's routine
     # (models/adapter.py), every other model keeps calling upstream's, untouched.
@@ -98,7 +99,7 @@ def register_hooks() -> None:
     # positions sit in fixed buffers, models/graph_inputs.py), so SGLang's prefill CUDA
     # graphs may wrap them.
     breakable = sglang.BREAKABLE_CUDA_GRAPH_MM_ARCHS
-    breakable.extend(arch for arch in registry.MODELS if arch not in breakable and arch not in registry.EAGER_PREFILL)
+    breakable.extend(arch for arch, model in SERVED.items() if arch not in breakable and model.eager_prefill is None)
 
 
 class UnsupportedServerArgsError(ValueError):
@@ -107,13 +108,13 @@ class UnsupportedServerArgsError(ValueError):
 
 def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
     """AFTER hook on ServerArgs.check_server_args: refuse, at startup, for a model this plugin serves
-    (`models.registry`), the flags whose code path bypasses its embedding routine (they would fail at
+    (`served.SERVED`), the flags whose code path bypasses its embedding routine (they would fail at
     the first multimodal forward); and a server-wide pruning setting that nothing would read."""
-    from sglang_evs.models.registry import MODELS
+    from sglang_evs.served import SERVED
     from sglang_evs.sglang_compat import UNSUPPORTED_SERVER_FLAGS
 
     given = [flag for attr, flag in UNSUPPORTED_SERVER_FLAGS.items() if getattr(server_args, attr, False)]
-    if given and (architecture := checkpoint_architecture(server_args)) in MODELS:
+    if given and (architecture := checkpoint_architecture(server_args)) in SERVED:
         raise UnsupportedServerArgsError(
             f"sglang-evs does not support {', '.join(given)} for {architecture}: this project's embedding "
             "routine serves it and has no adaptive-dispatch path; remove the flag or uninstall sglang-evs"
@@ -126,10 +127,10 @@ def refuse_encoder_data_parallel(server_args, *args, **kwargs) -> None:
     """BEFORE hook on the encoder server's DP launch (`--encoder-only --dp-size N`, which SGLang never
     passes through `check_server_args`): SGLang starts an encoder's DP workers without plugins, so for this
     project's models they would send unpruned rows, without records, for requests that ask for pruning."""
-    from sglang_evs.models.registry import MODELS
+    from sglang_evs.served import SERVED
 
     architecture = checkpoint_architecture(server_args)
-    if architecture in MODELS:
+    if architecture in SERVED:
         raise UnsupportedServerArgsError(
             f"sglang-evs does not support --encoder-only with --dp-size {server_args.dp_size} for {architecture}: "
             "SGLang starts an encoder's DP workers without plugins, so they could not prune; start one "
@@ -146,8 +147,9 @@ def refuse_pruning_nothing_reads(server_args) -> None:
     import json
 
     from sglang_evs.methods import DEFAULT_METHOD, PRUNING_METHOD_SETTING
-    from sglang_evs.models.registry import MODELS, pruned_by_sglang, prunes_videos
+    from sglang_evs.models.registry import pruned_by_sglang, prunes_videos
     from sglang_evs.pruning.settings import NO_PRUNING, pruning_from
+    from sglang_evs.served import SERVED
 
     overrides = json.loads(getattr(server_args, "json_model_override_args", None) or "{}")
     pruning = pruning_from(overrides, NO_PRUNING)
@@ -163,7 +165,7 @@ def refuse_pruning_nothing_reads(server_args) -> None:
                 f"{PRUNING_METHOD_SETTING}={pruning.method.name!r}; remove it from --json-model-override-args"
             )
         return
-    pruned = ", ".join(MODELS)
+    pruned = ", ".join(SERVED)
     raise UnsupportedServerArgsError(
         f"sglang-evs: {architecture} does not prune videos, so its video_pruning_rate would be ignored; "
         f"remove the pruning settings from --json-model-override-args (video pruning serves {pruned}, "
@@ -174,7 +176,7 @@ def refuse_pruning_nothing_reads(server_args) -> None:
 def checkpoint_architecture(server_args) -> str | None:
     """The checkpoint's first architecture as its config.json names it (no remote code is run); None
     where it cannot be read here (SGLang then reports the checkpoint itself)."""
-    from sglang_evs.pruning.settings import checkpoint_config
+    from sglang_evs.pruning.refusals import checkpoint_config
 
     return (checkpoint_config(server_args.model_path).get("architectures") or [None])[0]
 
@@ -186,7 +188,7 @@ def keep_mrope_draft_prefill_eager(original, model_runner, *args, **kwargs):
     stops at startup). Upstream never captures one for this project's models, whose prefill graphs it
     keeps off; the plugin turns them on, so for them the draft's prefill stays eager (the target's
     prefill, and every decode, verify and draft step, still replay graphs)."""
-    from sglang_evs.models.registry import MODELS
+    from sglang_evs.served import SERVED
 
     model = model_runner.model
     reads_mrope = any(getattr(m, "is_mrope_enabled", False) for m in (model, getattr(model, "model", None)))
@@ -194,7 +196,7 @@ def keep_mrope_draft_prefill_eager(original, model_runner, *args, **kwargs):
         model_runner.is_draft_worker
         and reads_mrope
         and not model_runner.model_config.is_multimodal
-        and checkpoint_architecture(model_runner.server_args) in MODELS
+        and checkpoint_architecture(model_runner.server_args) in SERVED
     ):
         model_runner.prefill_cuda_graph_runner = None
         return None

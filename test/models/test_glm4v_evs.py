@@ -191,7 +191,7 @@ def test_vidcom2_keeps_its_own_count(servers, clips):
 
 
 def test_a_one_frame_video_is_one_group_kept_whole(servers, clips, tmp_path):
-    """GLM's sampler repeats a lone frame into one temporal group (Qwen's needs two frames: `families.GLM4V`
+    """GLM's sampler repeats a lone frame into one temporal group (Qwen's needs two frames: `served.GLM4V`
     says one is enough). Beside a six-group video pruned at q = .5, it keeps its group whole: the request's
     video tokens are its 16 and the other video's EVS count, and the prompt drops by that video's pruned
     count only."""

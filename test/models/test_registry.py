@@ -1,7 +1,7 @@
 """Installed beside every model SGLang serves: the table of SGLang's whole model registry, with the plugin
 loaded and without it (`routine_probe.py`, run in two fresh interpreters that load SGLang as a server does).
 
-Only the architectures this project serves (`registry.MODELS`, and the NEXTN draft of `DRAFT_MODELS`)
+Only the architectures this project serves (`served.SERVED`, and the NEXTN drafts of `served.MTP_DRAFTS`)
 resolve to its classes and processors, and only those reach its embedding routine; every other architecture
 is SGLang's own class with SGLang's own processor (so its prompts are laid out as upstream lays them out),
 reaches only SGLang's own routine (no hook wraps it), and that routine hands the language model the very
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from sglang_evs.models.registry import DRAFT_MODELS, MODELS
+from sglang_evs.served import MTP_DRAFTS, SERVED
 
 PROBE = Path(__file__).with_name("routine_probe.py")
 # Read off SGLang 0.5.23: the models the issue of "installed beside every model" names that stay upstream's:
 # Nemotron-Nano-VL (SGLang's own EVS) reaches upstream's routine through its own forward. (Qwen3-Omni and
-# Qwen4-Exp, named there too, are now this project's: `registry.MODELS`.)
+# Qwen4-Exp, named there too, are now this project's: `served.SERVED`.)
 NEIGHBOURS = ("NemotronH_Nano_VL_V2",)
 
 
@@ -54,14 +54,14 @@ def test_the_table_covers_the_whole_registry(tables):
         "to upstream's only": sum(on[arch]["routines"] == ["upstream"] for arch in reaching),
     }
     print(f"registry table: {counts}")
-    assert counts["to this project's routine"] == len(MODELS)
-    assert counts["to upstream's only"] == len(reaching) - len(MODELS) > 40
-    assert ours == (MODELS.keys() | DRAFT_MODELS.keys()) & on.keys()
+    assert counts["to this project's routine"] == len(SERVED)
+    assert counts["to upstream's only"] == len(reaching) - len(SERVED) > 40
+    assert ours == (SERVED.keys() | MTP_DRAFTS.keys()) & on.keys()
 
 
 def test_every_other_architecture_is_upstreams_with_the_same_inputs(tables):
     on, off = tables["on"], tables["off"]
-    others = sorted(on.keys() - MODELS.keys() - DRAFT_MODELS.keys())
+    others = sorted(on.keys() - SERVED.keys() - MTP_DRAFTS.keys())
     changed = [arch for arch in others if on[arch] != off[arch]]
     assert not changed, {arch: (on[arch], off[arch]) for arch in changed[:5]}
     assert all(on[arch]["resolved"].startswith("sglang.srt.models.") for arch in others)
@@ -75,7 +75,7 @@ def test_no_routine_is_wrapped(tables):
 
 
 def test_this_projects_classes_reach_its_routine_and_processor(tables):
-    for arch in MODELS:
+    for arch in SERVED:
         row = tables["on"][arch]
         assert row["resolved"].startswith("sglang_evs.models.") and "sglang_evs" in row["routines"], arch
         assert row["processor"].startswith("sglang_evs.pruning.processor:"), arch

@@ -370,7 +370,7 @@ def eagle3_draft_dir(tiny_qwen3_vl_six_layers_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def blind_eagle3_draft_dir(eagle3_draft_dir, tmp_path_factory) -> Path:
     """The same EAGLE3 draft with 1-D rotary (no `mrope_section`): SGLang serves it, the plugin refuses to
-    prune with it (`settings.draft_reads_target_positions`)."""
+    prune with it (`refusals.draft_reads_target_positions`)."""
     out = tmp_path_factory.mktemp("eagle3_blind") / "draft"
     shutil.copytree(eagle3_draft_dir, out)
     config = json.loads((out / "config.json").read_text())

@@ -1,91 +1,20 @@
-"""Encoder-side pruning and the language server's layout of what arrives, on made-up rows and prompts."""
+"""The hooks that carry pruning between encoder and language servers: the request's setting resolved and
+carried to the encoders and to the language scheduler, and rows without records refused."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_evs.methods import EVS, VIDCOM2
+from sglang_evs.methods import VIDCOM2
 from sglang_evs.pruning.disaggregated import (
     ASKED,
-    kept_counts,
-    lay_out_pruned,
-    prune_encoded_videos,
+    carry_pruning_to_encoders,
     refuse_rows_without_records,
-    settings_for_encoder,
-    video_record,
     with_asked_pruning,
 )
-from sglang_evs.pruning.settings import NO_PRUNING, Pruning
-
-VIDEO_PAD, IMAGE_PAD, TEXT = 9, 8, 1
-
-
-def test_the_encoder_sends_each_videos_kept_rows_and_says_which():
-    grids = [[4, 4, 4], [2, 4, 4], [4, 4, 4]]  # merged 2x2: 16, 8 and 16 rows
-    settings = [settings_for_encoder(Pruning(EVS, 0.5)), settings_for_encoder(NO_PRUNING),
-                settings_for_encoder(Pruning(VIDCOM2, 0.75))]  # fmt: skip
-    rows = torch.randn(40, 6, generator=torch.Generator().manual_seed(0))
-    kept, counts, records = prune_encoded_videos(rows, grids, settings, 2)
-    assert counts == kept_counts(grids, settings, 2)  # the sizes announced before the forward hold
-    assert counts[1] == 8 and records[1]["kept"] is None
-    starts = [0, 16, 24]
-    expected = torch.cat([rows[start:][record["kept"]] if record["kept"] is not None else rows[16:24]
-                          for start, record in zip(starts, records, strict=True)])  # fmt: skip
-    assert torch.equal(kept, expected) and kept.shape[0] == sum(counts)
-    with pytest.raises(ValueError, match="encoded rows"):  # rows left over: the grids do not describe them
-        prune_encoded_videos(torch.cat([rows, rows[:1]]), grids, settings, 2)
-
-
-class Item(SimpleNamespace):
-    def is_video(self) -> bool:
-        return self.modality == "video"
-
-
-def test_the_language_server_deletes_the_pruned_pads_from_ids_positions_and_items():
-    # text, an image (2 pads), text, a video of two groups (3 pads each) framed by a timestamp token
-    ids = [TEXT, IMAGE_PAD, IMAGE_PAD, TEXT, TEXT, *[VIDEO_PAD] * 3, TEXT, TEXT, *[VIDEO_PAD] * 3, TEXT]
-    positions = torch.arange(3 * len(ids)).reshape(3, -1)
-
-    def output():  # upstream's processor output (the layout edits its items in place)
-        items = [Item(modality="image", offsets=[(1, 2)]), Item(modality="video", offsets=[(5, 7)]),
-                 Item(modality="video", offsets=[(10, 12)])]  # fmt: skip
-        return SimpleNamespace(input_ids=ids, mrope_positions=positions, mrope_position_delta=torch.tensor([[3]]),
-                               mm_items=items)  # fmt: skip
-
-    record = {"method": "evs", "rate": 0.5, "kept": [0, 1, 2], "tokens": 6}  # group 1 pruned whole
-    rows = torch.randn(3, 4)
-    out = lay_out_pruned(output(), [record], rows, VIDEO_PAD)
-    keep = torch.tensor([True] * 10 + [False] * 3 + [True])
-    assert out.input_ids == torch.tensor(ids)[keep].tolist()
-    assert torch.equal(out.mrope_positions, positions[:, keep])
-    assert int(out.mrope_position_delta) == 3 + 3
-    assert [item.offsets for item in out.mm_items] == [[(1, 2)], [(5, 7)]]  # the empty group is gone
-    assert torch.equal(out.mm_items[1].precomputed_embeddings, rows)
-    with pytest.raises(ValueError, match="rows received"):
-        lay_out_pruned(output(), [record], rows[:2], VIDEO_PAD)
-
-
-def test_pads_are_found_only_inside_video_spans_and_an_item_may_have_several():
-    """GLM's layout: video rows written with the image token, one span per temporal group, and an image
-    beside the video with the same token. The image keeps every row; the video's second group loses two."""
-    shared = IMAGE_PAD
-    ids = [TEXT, shared, shared, TEXT, *[shared] * 3, TEXT, *[shared] * 3, TEXT]
-    positions = torch.arange(3 * len(ids)).reshape(3, -1)
-    items = [Item(modality="image", offsets=[(1, 2)]), Item(modality="video", offsets=[(4, 6), (8, 10)])]
-    output = SimpleNamespace(input_ids=ids, mrope_positions=positions, mrope_position_delta=torch.tensor([[0]]),
-                             mm_items=items)  # fmt: skip
-    record = {"method": "evs", "rate": 0.3, "kept": [0, 1, 2, 4], "tokens": 6}
-    rows = torch.randn(4, 4)
-    out = lay_out_pruned(output, [record], rows, shared)
-    keep = torch.tensor([True] * 8 + [False, True, False, True])  # group 1's rows 0 and 2 (tokens 8, 10) pruned
-    assert out.input_ids == torch.tensor(ids)[keep].tolist()
-    assert torch.equal(out.mrope_positions, positions[:, keep])
-    assert int(out.mrope_position_delta) == 2
-    assert [item.offsets for item in out.mm_items] == [[(1, 2)], [(4, 6), (8, 8)]]
-    assert torch.equal(out.mm_items[1].precomputed_embeddings, rows)
-    with pytest.raises(ValueError, match="video pads"):  # the image's two pads are not the video's
-        lay_out_pruned(output, [{**record, "tokens": 8, "kept": None}], torch.randn(8, 4), shared)
+from sglang_evs.pruning.encoder_records import video_record
+from sglang_evs.pruning.settings import Pruning
 
 
 def test_the_asked_pruning_rides_in_custom_params_beside_the_users_own():
@@ -119,3 +48,45 @@ def test_rows_without_records_fail_a_request_that_asked_for_pruning_naming_encod
     refuse_rows_without_records(waiting_request(asked, [[2, 2, 2], [2, 2, 2]], [[record], [record]]))
     refuse_rows_without_records(waiting_request(asked, None, [None]))  # images only: nothing to prune
     refuse_rows_without_records(waiting_request(None, [[2, 2, 2]], [None]))  # q = 0: upstream's rows are right
+
+
+def config(**settings) -> SimpleNamespace:
+    return SimpleNamespace(architectures=["Qwen3_5ForConditionalGeneration"], **settings)
+
+
+def language_server(default: dict | None = None, transport: str = "auto") -> SimpleNamespace:
+    return SimpleNamespace(
+        server_args=SimpleNamespace(language_only=True, encoder_transfer_backend=transport),
+        model_config=SimpleNamespace(hf_config=config(**(default or {}))),
+    )
+
+
+def generate_request(mm_processor_kwargs, sampling_params=None) -> SimpleNamespace:
+    """The fields of SGLang's GenerateReqInput the language server's dispatch hook reads and writes."""
+    return SimpleNamespace(mm_processor_kwargs=mm_processor_kwargs, sampling_params=sampling_params)
+
+
+def test_a_language_server_resolves_each_requests_pruning_before_dispatching_it_to_an_encoder():
+    tokenizer_manager = language_server({"video_pruning_rate": 0.5})
+    asks = generate_request({"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75})
+    carry_pruning_to_encoders(tokenizer_manager, asks)
+    assert asks.mm_processor_kwargs == {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75}
+    assert asks.sampling_params["custom_params"][ASKED] == asks.mm_processor_kwargs  # for the language scheduler
+    default = generate_request(None)  # the language server's default, named
+    carry_pruning_to_encoders(tokenizer_manager, default)
+    assert default.mm_processor_kwargs == {"video_pruning_method": "evs", "video_pruning_rate": 0.5}
+    batch = generate_request([None, {"video_pruning_rate": 0.5}])
+    carry_pruning_to_encoders(tokenizer_manager, batch)
+    assert [kw["video_pruning_rate"] for kw in batch.mm_processor_kwargs] == [0.5, 0.5]
+    mixed = generate_request([None, {"video_pruning_rate": 0.25}])
+    with pytest.raises(ValueError, match="one video_pruning_method and video_pruning_rate for all its prompts"):
+        carry_pruning_to_encoders(tokenizer_manager, mixed)  # its media go to the encoders as one request
+    with pytest.raises(ValueError, match="video_pruning_rate"):  # SGLang's HTTP 400, before anything is sent
+        carry_pruning_to_encoders(tokenizer_manager, generate_request({"video_pruning_rate": 1.5}))
+
+
+def test_a_transport_that_cannot_carry_the_records_refuses_a_pruning_request():
+    tokenizer_manager = language_server(transport="mooncake")
+    with pytest.raises(ValueError, match=r"video_pruning_rate=0.75.*--encoder-transfer-backend mooncake"):
+        carry_pruning_to_encoders(tokenizer_manager, generate_request({"video_pruning_rate": 0.75}))
+    carry_pruning_to_encoders(tokenizer_manager, generate_request(None))  # q = 0 serves

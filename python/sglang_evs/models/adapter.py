@@ -2,8 +2,8 @@
 
 An adapter (`qwen3_vl.py`, `qwen2_vl.py`, `qwen3_5.py`, `glm4v.py`) subclasses an
 upstream SGLang model with this mixin first and declares only what differs between families:
-its language model class (upstream's plus `ReadsGraphInputs`) and its videos' family
-(`pruning.families.VideoFamily`: Qwen-VL unless it says otherwise).
+its language model class (upstream's plus `ReadsGraphInputs`). Its videos' family is its record's
+(`served.SERVED`, under the architecture it serves: its class's name).
 The deepstack levels are the vision tower's (`num_deepstack_embeddings`, 0 where upstream has none).
 The rest is here:
   - `attach`: the language model's fixed-address `GraphInputs` and the model's `PrunedVideos`;
@@ -30,9 +30,10 @@ from sglang_evs.models.graph_inputs import (
 )
 from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
 from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
-from sglang_evs.pruning.families import QWEN_VL, VideoFamily
-from sglang_evs.pruning.settings import refuse_encoder_default, server_pruning
+from sglang_evs.pruning.refusals import refuse_encoder_default
+from sglang_evs.pruning.settings import server_pruning
 from sglang_evs.pruning.videos import PrunedVideos
+from sglang_evs.served import SERVED, VideoFamily
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class AdaptedModel:
 
     implements_post_process_contract = True
     language_model_cls: type  # upstream's language model class with `ReadsGraphInputs` first
-    video_family: VideoFamily = QWEN_VL  # its processor and video layout (pruning/families.py)
+    served_as: str | None = None  # the architecture whose record (`served.SERVED`) it serves; None: its class's name
 
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super().__init__(config, quant_config, prefix)
@@ -53,6 +54,11 @@ class AdaptedModel:
             return
         encode = super().get_video_feature
         attach(self, config, self.language_model_cls, getattr(self, "num_deepstack_embeddings", 0), encode)
+
+    @property
+    def video_family(self) -> VideoFamily:
+        """Its videos' processor and layout, from its record."""
+        return SERVED[self.served_as or type(self).__name__].family
 
     def get_video_feature(self, items):
         if self.pruned_videos is None:

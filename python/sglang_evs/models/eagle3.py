@@ -3,7 +3,7 @@
 A draft whose config sets `mrope_section` reads `forward_batch.mrope_positions`, which SGLang builds for
 its batch from the request's positions (exact once the keep-mask is known) and `mrope_position_delta`:
 pruning needs nothing of it. The plugin answers this architecture only on a server that traces positions
-(`SGLANG_EVS_TRACE` and `SGLANG_EVS_TRACE_POSITIONS=1`, `registry.TRACED_DRAFT_MODELS`), to record what
+(`SGLANG_EVS_TRACE` and `SGLANG_EVS_TRACE_POSITIONS=1`, `served.EAGLE3_DRAFT`), to record what
 the draft was handed.
 """
 

@@ -12,16 +12,14 @@ levels (`adapter._split_deepstack` leaves them whole).
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.models.adapter import AdaptedModel
 from sglang_evs.models.qwen3_vl import Qwen3MoeLLMModel
-from sglang_evs.pruning.families import QWEN_VL
 
 
 class Qwen3OmniMoeThinker(AdaptedModel, sglang.UpstreamQwen3OmniThinker):
     language_model_cls = Qwen3MoeLLMModel
+    served_as = "Qwen3OmniMoeForConditionalGeneration"  # the wrapper below, whose record is the thinker's
 
 
 class Qwen3OmniMoeForConditionalGeneration(sglang.UpstreamQwen3Omni):
-    video_family = QWEN_VL  # the thinker's (the registry reads it off the class it answers with)
-
     def __init__(self, config, quant_config=None, prefix: str = "") -> None:
         super(sglang.UpstreamQwen3Omni, self).__init__(config)  # upstream's base, as upstream's __init__ calls it
         self.config = config

@@ -1,19 +1,27 @@
 """Video-token pruning as one mechanism that any M-RoPE model joins with a small adapter.
 
+What applies, and what is refused:
+  settings.py         which method (EVS, VidCom2) and rate apply: the server default or the request's own
+  refusals.py         what a server's setup cannot prune with (speculation, disaggregation), why, and the errors
 Tokenizer process:
-  processor.py  SGLang's Qwen-VL processor, then `regions.prune_video_regions` for requests that prune
-  settings.py   which method (EVS, VidCom2) and rate apply: the server default or the request's own
-  regions.py    each pruned video becomes one region of its pruned length (known before encoding),
-                positions outside it and the decode offset final, the item's hash folded with the
-                method and rate
-  usage.py      per-request counts (meta info, OpenAI usage) and Prometheus counters
+  processor.py        a family's upstream SGLang processor, then `regions.prune_video_regions` for requests
+                      that prune (or, under encoder disaggregation, `encoder_records.lay_out_pruned`)
+  regions.py          each pruned video becomes one region of its pruned length (known before encoding),
+                      positions outside it and the decode offset final, the item's hash folded with the
+                      method and rate
+  usage.py            per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
-  videos.py     `PrunedVideos`: batched encoding, keep-mask, region fill, exact positions per forward
+  videos.py           `PrunedVideos`: batched encoding, keep-mask, region fill, exact positions per forward
 Both:
-  fields.py     what a pruned item carries between the two, and region helpers
+  fields.py           what a pruned item carries between the two, and region helpers
+  deletion.py         `delete_tokens`: pruned tokens deleted from a processor output (ids, spans, M-RoPE
+                      rows, decode offset), for `regions.py` and `encoder_records.py` alike
+Encoder disaggregation (encoder servers prune, the language server lays out):
+  encoder_records.py  what an encoder does to each video and records, and the layout from the records
+  disaggregated.py    the hooks that carry settings and records between the servers
 
 The mechanism knows methods only through `methods.PruningMethod` (kept count before
-encoding, keep-mask after). An adapter (models/) declares only its upstream class, its language model class and its
-deepstack levels; the positions come from upstream's own `get_rope_index`, and the mask scores
-every column the vision tower returns.
+encoding, keep-mask after), and a model family only through its `served.VideoFamily`. An adapter (models/)
+declares only its upstream class, its language model class and its deepstack levels; the positions come from
+upstream's own `get_rope_index`, and the mask scores every column the vision tower returns.
 """

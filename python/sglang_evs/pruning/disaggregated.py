@@ -3,16 +3,17 @@
 With `--encoder-only` servers encoding for a `--language-only` one (SGLang's `zmq_to_scheduler`
 transport), a request's videos travel to an encoder server as URLs and come back as embedding rows;
 the language server builds the prompt only when the rows arrive (its processor's `get_mm_data`).
-So pruning happens where the rows are made:
+So pruning happens where the rows are made (the records and layout, pure functions, are `encoder_records.py`'s;
+the hooks here carry them):
 
 1. language tokenizer: the request's method and rate (over the language server's default) ride with
-   each video entry sent to the encoder (`settings_for_encoder`);
+   each video entry sent to the encoder (`carry_pruning_to_encoders`, `settings_to_video_entries`);
 2. encoder server: after the tower, each video's keep-mask (`methods`) picks its kept rows; only those
-   rows are sent, with a record per video (method, rate, kept indices) (`prune_encoded_videos`);
+   rows are sent, with a record per video (method, rate, kept indices) (`prune_on_encoder`);
 3. language scheduler: the prompt is laid out unpruned by upstream's processor (over stand-in rows),
    then the pruned pads are deleted from its ids, positions and items, and the received rows placed
-   (`lay_out_pruned`): the same rule as one server (unpruned positions, pruned rows deleted, decode
-   offset grown by the pruned count).
+   (`encoder_records.lay_out_pruned`, from the processor's `get_mm_data`): the same rule as one server
+   (unpruned positions, pruned rows deleted, decode offset grown by the pruned count).
 
 The request's setting also rides to the language scheduler (in its sampling parameters' `custom_params`,
 SGLang's own private channel for per-request facts), so that rows coming back without a record (an encoder
@@ -23,122 +24,13 @@ that does not run this plugin) fail that request by name instead of serving it a
 import pickle
 from array import array
 
-import torch
-
 from sglang_evs import trace
-from sglang_evs.methods import DEFAULT_METHOD, METHODS, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING, grid_tokens
-from sglang_evs.pruning.settings import (
-    Pruning,
-    conflicting_setup,
-    pruning_from,
-    refuse_unsupported,
-    server_pruning,
-)
+from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
+from sglang_evs.pruning.encoder_records import RECORDS, kept_counts, prune_encoded_videos, settings_for_encoder
+from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported
+from sglang_evs.pruning.settings import Pruning, pruning_from, server_pruning
 
-RECORDS = "evs_video_pruning"  # the per-video records' attribute on SGLang's EmbeddingData
 ASKED = "__sglang_evs_video_pruning"  # the request's setting, in its sampling parameters' custom_params
-
-
-def video_record(method: str, rate: float, kept: list[int] | None, tokens: int) -> dict:
-    """What the encoder did to one video, in plain types (SGLang's restricted unpickler carries it):
-    `kept` the indices of the kept pads in the video's [T*h*w] (None: not pruned), `tokens` its pads."""
-    return {"method": method, "rate": rate, "kept": kept, "tokens": tokens}
-
-
-def settings_for_encoder(pruning: Pruning) -> dict:
-    """The fields one video entry carries to the encoder server."""
-    return {PRUNING_METHOD_SETTING: pruning.method.name, PRUNING_RATE_SETTING: pruning.rate}
-
-
-def video_pruning(setting: dict):
-    """A video entry's settings (`settings_for_encoder`, {} for none) -> (its method, its rate)."""
-    method = METHODS[setting.get(PRUNING_METHOD_SETTING, DEFAULT_METHOD.name)]
-    return method, float(setting.get(PRUNING_RATE_SETTING) or 0.0)
-
-
-def prune_encoded_videos(
-    rows: torch.Tensor, grids: list, settings: list[dict], spatial_merge_size: int
-) -> tuple[torch.Tensor, list[int], list[dict]]:
-    """Rows [sum tokens, D] of several videos, in order (grids [T, H, W] each, settings as
-    `settings_for_encoder` wrote them, {} for none) -> (the kept rows, each video's kept count, records)."""
-    kept_rows, counts, records = [], [], []
-    start = 0
-    for grid, setting in zip(grids, settings, strict=True):
-        t, h, w = grid_tokens(grid, spatial_merge_size)
-        video = rows[start : start + t * h * w]
-        start += t * h * w
-        method, rate = video_pruning(setting)
-        if rate <= 0:
-            kept_rows.append(video)
-            counts.append(t * h * w)
-            records.append(video_record(method.name, 0.0, None, t * h * w))
-            continue
-        mask = method.retention_mask(video, grid, spatial_merge_size, rate)
-        kept_rows.append(video[mask])
-        counts.append(int(mask.sum()))
-        records.append(video_record(method.name, rate, mask.nonzero().flatten().tolist(), t * h * w))
-    if start != rows.shape[0]:
-        raise ValueError(f"{rows.shape[0]} encoded rows for videos of {start} tokens")
-    return torch.cat(kept_rows) if kept_rows else rows, counts, records
-
-
-def lay_out_pruned(output, records: list[dict], video_rows: torch.Tensor, video_token_id: int):
-    """Upstream's processor output for the unpruned prompt (its video items over stand-in rows) -> the
-    pruned prompt: each video's pruned pads deleted from the ids, the M-RoPE positions and the items'
-    spans, the decode offset grown by their count, and the received kept rows [sum kept, D] placed in
-    the video items, in order. Records: `video_record`s, one per video in prompt order.
-
-    A video's pads are the `video_token_id` tokens inside its items' spans, and an item may have several
-    spans (GLM writes a video's rows with its image token, one span per temporal group): an image's pads
-    are never taken for a video's, even where the two share a token id."""
-    ids = torch.as_tensor(output.input_ids)
-    in_video = torch.zeros_like(ids, dtype=torch.bool)
-    for item in output.mm_items:
-        for start, end in item.offsets if item.is_video() else ():
-            in_video[start : end + 1] = True
-    is_pad = in_video & (ids == video_token_id)
-    pads = is_pad.nonzero().flatten()
-    masks = []
-    for record in records:
-        mask = torch.ones(record["tokens"], dtype=torch.bool)
-        if record["kept"] is not None:
-            mask[:] = False
-            mask[list(record["kept"])] = True
-        masks.append(mask)
-    pad_mask = torch.cat(masks) if masks else torch.ones(0, dtype=torch.bool)
-    if pad_mask.numel() != pads.numel():
-        raise ValueError(f"the prompt has {pads.numel()} video pads, the encoder's records {pad_mask.numel()}")
-    if int(pad_mask.sum()) != video_rows.shape[0]:
-        raise ValueError(f"{video_rows.shape[0]} video rows received for {int(pad_mask.sum())} kept pads")
-    keep = torch.ones_like(ids, dtype=torch.bool)
-    keep[pads] = pad_mask
-    new_index = keep.cumsum(0) - 1
-    kept_pad = keep & is_pad
-    items, consumed = [], 0
-    for item in output.mm_items:
-        offsets, kept_pads = [], 0
-        for start, end in item.offsets:
-            kept_at = start + keep[start : end + 1].nonzero().flatten()
-            if kept_at.numel():
-                offsets.append((int(new_index[kept_at[0]]), int(new_index[kept_at[-1]])))
-            kept_pads += int(kept_pad[start : end + 1].sum())
-        if not offsets:  # every row of the item pruned
-            continue
-        if item.is_video():
-            item.precomputed_embeddings = video_rows[consumed : consumed + kept_pads]
-            consumed += kept_pads
-        item.offsets = offsets
-        items.append(item)
-    pruned = int((~keep).sum())
-    output.input_ids = ids[keep].tolist()
-    output.mrope_positions = output.mrope_positions[:, keep]
-    output.mrope_position_delta = output.mrope_position_delta + pruned
-    output.mm_items = items
-    return output
-
-
-# --- hooks (registered by the plugin) ---------------------------------------------------------------------
-
 ENCODER_SETTINGS = "evs_video_settings"  # each video's settings, on the encode context until the rows exist
 
 
@@ -232,16 +124,6 @@ async def remember_video_settings(original, encoder, requests, modality, *args, 
         )
     context.aux_data[ENCODER_SETTINGS] = settings
     return context
-
-
-def kept_counts(grids: list, settings: list[dict], spatial_merge_size: int) -> list[int]:
-    """Each video's row count once pruned: known from its grid, method and rate before it is encoded."""
-    counts = []
-    for grid, setting in zip(grids, settings, strict=True):
-        t, h, w = grid_tokens(grid, spatial_merge_size)
-        method, rate = video_pruning(setting)
-        counts.append(method.retained_token_count(h * w, t, rate) if rate > 0 else t * h * w)
-    return counts
 
 
 def _spatial_merge_size(encoder) -> int:

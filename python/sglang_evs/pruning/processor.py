@@ -1,7 +1,7 @@
 """Tokenizer side: a family's upstream SGLang processor, then pruned video regions.
 
 `pruning_processor(family)` is the class the plugin registers for the upstream architectures of
-`models.registry.MODELS` in place of their upstream processor (`families.VideoFamily.processor`: SGLang's
+`served.SERVED` in place of their upstream processor (`served.VideoFamily.processor`: SGLang's
 `QwenVLImageProcessor` for every Qwen VLM, `Glm4vImageProcessor` for GLM-4.1V / GLM-4.5V): the upstream
 class with `PruningProcessor` before it. With no pruning it returns exactly what the upstream one does.
 The method and rate are the server's (`settings.server_pruning`), overridable per request
@@ -14,11 +14,12 @@ import time
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.pruning.disaggregated import RECORDS, lay_out_pruned
-from sglang_evs.pruning.families import VideoFamily
+from sglang_evs.pruning.encoder_records import RECORDS, lay_out_pruned
+from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported
 from sglang_evs.pruning.regions import prune_video_regions
-from sglang_evs.pruning.settings import conflicting_setup, refuse_unsupported, request_pruning, server_pruning
+from sglang_evs.pruning.settings import request_pruning, server_pruning
 from sglang_evs.pruning.usage import record_usage
+from sglang_evs.served import VideoFamily
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class PruningProcessor:
     """Mixin placed before a family's upstream processor (`pruning_processor`)."""
 
     family: VideoFamily
-    # Not upstream's list: the plugin registers the class for the architectures models/registry.py names
+    # Not upstream's list: the plugin registers the class for the architectures served.py records
     # (`plugin.register_processors`), so the pruning side need not know the models.
     models: list = []
 
@@ -65,7 +66,7 @@ class PruningProcessor:
     def get_mm_data(self, prompt, embeddings, **kwargs):
         """A `--language-only` server's layout of a request whose rows came from encoder servers: where
         they pruned a video (its record says so), the prompt is laid out unpruned over stand-in rows and
-        the pruned pads deleted (`disaggregated.lay_out_pruned`)."""
+        the pruned pads deleted (`encoder_records.lay_out_pruned`)."""
         records = kwargs.pop(RECORDS, None)
         if not records or all(record["kept"] is None for record in records):
             return super().get_mm_data(prompt, embeddings, **kwargs)

@@ -24,6 +24,7 @@ import torch
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.methods import canonical_keep_mask
+from sglang_evs.pruning.deletion import delete_tokens
 from sglang_evs.pruning.fields import (
     METHOD,
     RATE,
@@ -92,21 +93,12 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
         item.set(VIDEO_TOKENS, (t * h * w, kept))
         stats.append(VideoTokenCounts(t * h * w, kept))
 
-    new_index = torch.cumsum(keep, 0) - 1  # old token index -> new token index (for kept tokens)
-    for item in output.mm_items:
-        if item.is_video():
-            start, end = region_span(item)
-            new_start = int(new_index[start])
-            item.offsets = [(new_start, new_start + int(keep[start:end].sum()) - 1)]
-        else:
-            item.offsets = [(int(new_index[s]), int(new_index[e])) for s, e in item.offsets]
+    for item in videos:
+        start, end = region_span(item)
+        item.offsets = [(start, end - 1)]  # one span: the whole region, framing text between groups included
+    delete_tokens(output, keep)
     for item in videos:
         item.set_pad_value()  # content hash of the pixels, then folded with the method and rate
         item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, pruning.rate))
-
-    pruned = int((~keep).sum())
-    output.input_ids = ids[keep].tolist()
-    output.mrope_positions = positions[:, keep]
-    output.mrope_position_delta = output.mrope_position_delta + pruned
     output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
     return stats

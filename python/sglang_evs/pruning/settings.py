@@ -8,14 +8,12 @@ The server default comes from the model config (`--json-model-override-args`, or
 server's. A chat request may also name them in `chat_template_kwargs`, the field sglang-router
 forwards (0.3.2 rebuilds requests and drops `mm_processor_kwargs`); `chat_processor_kwargs` moves
 over those `mm_processor_kwargs` does not name. `video_retention_ratio` (this project's former
-VidCom2 setting) is refused with what to write instead.
+VidCom2 setting) is refused with what to write instead. What a server's setup cannot prune with, and the
+errors that refuse it, are `refusals.py`'s.
 """
 
-import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from sglang_evs.methods import (
     DEFAULT_METHOD,
@@ -75,126 +73,3 @@ def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs
     own = {key: value for key, value in (mm_processor_kwargs or {}).items() if value is not None}
     carried = {key: value for key in READ_SETTINGS if (value := (chat_template_kwargs or {}).get(key)) is not None}
     return {**carried, **own} if carried.keys() - own.keys() else mm_processor_kwargs
-
-
-def conflicting_setup(server_args, hf_config=None) -> str | None:
-    """What of a server's setup video pruning cannot run with, named for the error; None: nothing.
-
-    - speculative decoding with a draft that does not read the target's positions
-      (`draft_reads_target_positions`), or under pipeline parallelism (the draft runs on the last stage,
-      which learns the pruned positions for the target's forward only), or with draft trees (no test has
-      run a tree with pruning, on any device: the CPU route runs chains only);
-    - encoder disaggregation over a transport other than SGLang's default `zmq_to_scheduler` (the
-      encoder prunes and sends a record per video with the kept rows, `pruning/disaggregated.py`;
-      Mooncake publishes the row counts before the encoder has run), or of a model whose encoder path is
-      inexact upstream or has not been run with pruning;
-    - prefill/decode disaggregation: never run with pruning (SGLang's KV transfer engines need RDMA or a
-      GPU; its prefill server refuses the test backend), so not proven exact.
-    """
-    algorithm = getattr(server_args, "speculative_algorithm", None)
-    if algorithm is not None and not draft_reads_target_positions(server_args, hf_config):
-        return f"speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm {algorithm})"
-    if algorithm is not None and getattr(server_args, "pp_size", 1) > 1:
-        return f"speculative decoding under pipeline parallelism (--pp-size {server_args.pp_size})"
-    topk = getattr(server_args, "speculative_eagle_topk", None) or 1
-    if algorithm is not None and topk > 1:
-        return f"speculative draft trees (--speculative-eagle-topk {topk}; chains, topk 1, are proven)"
-    mode = getattr(server_args, "disaggregation_mode", "null")
-    if mode in ("prefill", "decode"):
-        return f"prefill/decode disaggregation (--disaggregation-mode {mode})"
-    role = next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
-    transport = getattr(server_args, "encoder_transfer_backend", PRUNING_TRANSPORT)
-    if role is not None and transport not in (PRUNING_TRANSPORT, "auto"):  # auto: zmq_to_scheduler for ours
-        return f"{role} over --encoder-transfer-backend {transport}"
-    architecture = (getattr(hf_config, "architectures", None) or [None])[0]
-    if role is not None and architecture in UNPROVEN_ENCODER_PATH:
-        return f"{role} of {architecture} ({UNPROVEN_ENCODER_PATH[architecture]})"
-    return None
-
-
-# Architectures whose encoder/language pair pruning is refused for -> why.
-_INEXACT = "SGLang's encoder path serves it other tokens than one server even at q = 0"
-UNPROVEN_ENCODER_PATH = {
-    # Measured on SGLang 0.5.23 without the plugin: the pair answers other greedy tokens than one server does,
-    # prompt tokens equal, at q = 0 (video and image prompts); pruning there could not be exact.
-    "Qwen2VLForConditionalGeneration": _INEXACT,
-    "Qwen2_5_VLForConditionalGeneration": _INEXACT,
-    # Served through a wrapper whose thinker prunes (models/qwen3_omni.py); its encoder path has not been run.
-    "Qwen3OmniMoeForConditionalGeneration": "never run with pruning: its thinker's config carries no encoder role",
-}
-
-
-# The encoder transport that carries a video's pruning record with its kept rows (pruning/disaggregated.py).
-PRUNING_TRANSPORT = "zmq_to_scheduler"
-
-
-EAGLE3_DRAFT = "LlamaForCausalLMEagle3"  # SGLang 0.5.23's EAGLE3 draft; it reads M-RoPE where its config has them
-# Targets whose NEXTN draft (SGLang builds it from the checkpoint's MTP layer) the plugin serves with the target's
-# positions (`models/qwen3_5.py`, `models/qwen4_exp.py`, `registry.DRAFT_MODELS`).
-MTP_DRAFT_TARGETS = (
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration",
-    "Qwen4ExpForConditionalGeneration",
-)
-
-
-def draft_reads_target_positions(server_args, hf_config) -> bool:
-    """Whether the speculative draft is given the target's M-RoPE positions, which are the pruned prompt's
-    exact ones (SGLang builds them for the draft's batch from the request, `PrunedVideos.write_positions`):
-    - NEXTN (SGLang's EAGLE worker drafting with the checkpoint's own MTP layer, declared in the config as
-      released Qwen3.5 configs do) for `MTP_DRAFT_TARGETS`: the plugin's draft class reads them;
-    - EAGLE3 with a `LlamaForCausalLMEagle3` draft whose config sets `mrope_section`: upstream's draft reads
-      them. Every other draft reads 1-D positions, or positions of its own."""
-    algorithm = getattr(server_args, "speculative_algorithm", None)
-    draft = getattr(server_args, "speculative_draft_model_path", None)
-    model = getattr(server_args, "model_path", None)
-    if algorithm in ("EAGLE", "NEXTN") and draft in (None, model):
-        text_config = getattr(hf_config, "text_config", hf_config)
-        target = (getattr(hf_config, "architectures", None) or [None])[0]
-        return int(getattr(text_config, "mtp_num_hidden_layers", 0) or 0) > 0 and target in MTP_DRAFT_TARGETS
-    if algorithm == "EAGLE3" and draft not in (None, model):
-        config = checkpoint_config(draft)
-        rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
-        return EAGLE3_DRAFT in (config.get("architectures") or []) and "mrope_section" in rope
-    return False
-
-
-@functools.cache
-def checkpoint_config(path: str) -> dict:
-    """A checkpoint's config.json as a dict ({} where it cannot be read here); read once per path (a
-    language server asks for every request it dispatches to its encoders). Not to be modified."""
-    local = Path(path) / "config.json"
-    if local.is_file():
-        return json.loads(local.read_text())
-    try:
-        from transformers import PretrainedConfig
-
-        return PretrainedConfig.get_config_dict(path)[0]  # the file as written: no remote code runs
-    except (OSError, ValueError, KeyError):
-        return {}
-
-
-# ServerArgs attribute (also set on an encoder server's model config) -> the role, as errors name it
-DISAGGREGATED_ROLES = {
-    "encoder_only": "encoder disaggregation (--encoder-only)",
-    "language_only": "encoder disaggregation (--language-only)",
-}
-
-
-def refuse_encoder_default(pruning: Pruning) -> None:
-    """An `--encoder-only` server prunes as each request asks, over the language server's default: a default
-    of its own would never be read, so it is refused naming the setting."""
-    if pruning.prunes:
-        raise ValueError(
-            f"{PRUNING_RATE_SETTING}={pruning.rate}: an encoder server (--encoder-only) prunes as each request "
-            "asks, over its language server's default; set the pruning default on the --language-only server"
-        )
-
-
-def refuse_unsupported(pruning: Pruning, conflict: str | None) -> None:
-    """ValueError naming the setting and `conflict` (a `conflicting_setup` answer) if both are there."""
-    if pruning.prunes and conflict is not None:
-        raise ValueError(
-            f"{PRUNING_RATE_SETTING}={pruning.rate}: video pruning ({pruning.method.name}) is not supported with "
-            f"{conflict} yet; set {PRUNING_RATE_SETTING} to 0 (or unset it) or serve without {conflict}"
-        )

@@ -28,7 +28,6 @@ from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.methods import METHODS
 from sglang_evs.multimodal.contract import BatchLayout
-from sglang_evs.pruning.families import VideoFamily
 from sglang_evs.pruning.fields import (
     METHOD,
     RATE,
@@ -41,6 +40,7 @@ from sglang_evs.pruning.fields import (
     video_grid,
 )
 from sglang_evs.pruning.settings import server_pruning
+from sglang_evs.served import VideoFamily
 
 # Tests only: every rank but rank 0 of a batch group inverts the keep-masks it computed, before the ranks
 # agree on rank 0's; the trace then shows that the agreement, not equal inputs, decided what was kept.

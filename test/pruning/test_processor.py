@@ -1,12 +1,13 @@
-"""`pruning/families.py`: each family's pruning processor is its upstream processor with the pruning mixin first,
-each model is served by its family's, and what a family says of its videos holds for its tiny checkpoint."""
+"""`pruning/processor.py` over the families of `served.py`: each family's pruning processor is its upstream
+processor with the pruning mixin first, each model is served by its family's, and what a family says of its
+videos holds for its tiny checkpoint."""
 
 import numpy as np
 import pytest
 
 from sglang_evs import sglang_compat
-from sglang_evs.pruning.families import GLM4V, QWEN_VL
 from sglang_evs.pruning.processor import PruningProcessor, pruning_processor, refuse_too_short_videos
+from sglang_evs.served import GLM4V, QWEN_VL
 from sglang_evs.testing.requests import GLM4V_VIDEO, VIDEO, chat_prompt, glm4v_chat_prompt
 
 UPSTREAM_PROCESSORS = {QWEN_VL: "UpstreamQwenVLProcessor", GLM4V: "UpstreamGlm4vProcessor"}
@@ -22,13 +23,14 @@ def test_a_familys_pruning_processor_is_its_upstream_one_with_the_mixin_first(fa
 
 
 def test_every_pruned_model_is_served_by_its_familys_processor():
-    from sglang_evs.models.registry import MODELS, pruned_families
+    from sglang_evs.models.registry import pruned_families
+    from sglang_evs.served import SERVED
 
     families = {cls.__name__: family for cls, family in pruned_families().items()}
     assert families["Glm4vForConditionalGeneration"] is families["Glm4vMoeForConditionalGeneration"] is GLM4V
     qwen = ("Qwen3VLForConditionalGeneration", "Qwen3_5ForConditionalGeneration", "Qwen2VLForConditionalGeneration")
     assert all(families[name] is QWEN_VL for name in qwen)
-    assert set(families) == set(MODELS)  # every model the plugin serves, it prunes
+    assert set(families) == set(SERVED)  # every model the plugin serves, it prunes
 
 
 class _Video:

@@ -1,0 +1,145 @@
+"""What a server refuses pruning with: speculative decoding (Qwen3.5's MTP among them), encoder and
+prefill/decode disaggregation, whether the server or the request asks for it."""
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported
+from sglang_evs.pruning.settings import NO_PRUNING, request_pruning, server_pruning
+
+
+def config(**settings) -> SimpleNamespace:
+    return SimpleNamespace(architectures=["Qwen3_5ForConditionalGeneration"], **settings)
+
+
+def request(**kwargs) -> SimpleNamespace:
+    return SimpleNamespace(mm_processor_kwargs=kwargs or None, sampling_params=None)
+
+
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"video_pruning_rate": 0.5}, r"video_pruning_rate=0.5: video pruning \(evs\)"),
+        (
+            {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75},
+            r"video_pruning_rate=0.75: video pruning \(vidcom2\)",
+        ),
+    ],
+)
+def test_server_pruning_with_a_conflicting_setup_is_refused_naming_the_setting(settings, named):
+    pruning = server_pruning(config(**settings))
+    with pytest.raises(ValueError, match=f"{named}.*{re.escape(SEPARATE_DRAFT)}"):
+        refuse_unsupported(pruning, SEPARATE_DRAFT)
+    refuse_unsupported(pruning, None)  # without the conflict it serves
+
+
+def test_a_request_that_asks_for_pruning_is_refused_under_a_conflicting_setup():
+    server = server_pruning(config())
+    assert server == NO_PRUNING
+    refuse_unsupported(server, SEPARATE_DRAFT)  # q = 0: nothing pruned, the draft serves as upstream
+    asked = request_pruning(request(video_pruning_rate=0.75), server)
+    assert asked.rate == 0.75
+    with pytest.raises(ValueError, match="video_pruning_rate=0.75"):
+        refuse_unsupported(asked, SEPARATE_DRAFT)
+    refuse_unsupported(request_pruning(request(video_pruning_rate=0.0), server), SEPARATE_DRAFT)
+
+
+SEPARATE_DRAFT = "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm EAGLE3)"
+WITH_MTP = SimpleNamespace(
+    architectures=["Qwen3_5ForConditionalGeneration"], text_config=SimpleNamespace(mtp_num_hidden_layers=1)
+)
+WITHOUT_MTP = SimpleNamespace(architectures=["Qwen3_5ForConditionalGeneration"], text_config=SimpleNamespace())
+# Qwen4-Exp's MTP layer drafts through SGLang's class, given the target's positions by the plugin
+QWEN4_EXP_WITH_MTP = SimpleNamespace(
+    architectures=["Qwen4ExpForConditionalGeneration"], text_config=SimpleNamespace(mtp_num_hidden_layers=1)
+)
+
+
+@pytest.mark.parametrize(
+    "server_args, hf_config, conflict",
+    [
+        ({"speculative_algorithm": "EAGLE", "model_path": "m"}, WITH_MTP, None),  # NEXTN, as SGLang resolves it
+        ({"speculative_algorithm": "NEXTN", "speculative_draft_model_path": "m", "model_path": "m"}, WITH_MTP, None),
+        ({"speculative_algorithm": "EAGLE3", "model_path": "m"}, WITH_MTP, SEPARATE_DRAFT),
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "draft", "model_path": "m"},
+            WITH_MTP,
+            "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm EAGLE)",
+        ),
+        (
+            {"speculative_algorithm": "NEXTN", "model_path": "m"},
+            WITHOUT_MTP,
+            "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm NEXTN)",
+        ),
+        ({"speculative_algorithm": "NEXTN", "model_path": "m"}, QWEN4_EXP_WITH_MTP, None),
+        (
+            {"speculative_algorithm": "NEXTN", "model_path": "m"},
+            SimpleNamespace(architectures=["Qwen3_5ForCausalLM"], text_config=SimpleNamespace(mtp_num_hidden_layers=1)),
+            "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm NEXTN)",
+        ),  # a target whose MTP draft the plugin does not serve
+        (
+            {"speculative_algorithm": "EAGLE", "pp_size": 2},
+            WITH_MTP,
+            "speculative decoding under pipeline parallelism (--pp-size 2)",
+        ),
+        ({"speculative_algorithm": "EAGLE", "model_path": "m", "speculative_eagle_topk": 1}, WITH_MTP, None),
+        (
+            {"speculative_algorithm": "EAGLE", "model_path": "m", "speculative_eagle_topk": 4},
+            WITH_MTP,
+            "speculative draft trees (--speculative-eagle-topk 4; chains, topk 1, are proven)",
+        ),
+    ],
+)
+def test_speculation_prunes_only_with_the_models_own_mtp_head(server_args, hf_config, conflict):
+    assert conflicting_setup(SimpleNamespace(**server_args), hf_config) == conflict
+
+
+@pytest.mark.parametrize(
+    "draft_config, prunes",
+    [
+        ({"architectures": ["LlamaForCausalLMEagle3"], "rope_scaling": {"mrope_section": [4, 2, 2]}}, True),
+        ({"architectures": ["LlamaForCausalLMEagle3"], "rope_scaling": {"rope_type": "llama3"}}, False),  # 1-D
+        ({"architectures": ["LlamaForCausalLMEagle"], "rope_scaling": {"mrope_section": [4, 2, 2]}}, False),
+    ],
+)
+def test_an_eagle3_draft_prunes_only_where_it_reads_mrope_positions(draft_config, prunes, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(draft_config))
+    server_args = SimpleNamespace(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(tmp_path),
+                                  model_path="target")  # fmt: skip
+    assert (conflicting_setup(server_args, WITHOUT_MTP) is None) == prunes
+
+
+@pytest.mark.parametrize(
+    "server_args, conflict",
+    [
+        ({}, None),
+        ({"speculative_algorithm": None, "encoder_only": False, "language_only": False}, None),
+        ({"encoder_only": True}, None),  # prunes on the encoder (pruning/disaggregated.py)
+        ({"language_only": True, "encoder_transfer_backend": "auto"}, None),
+        (
+            {"language_only": True, "encoder_transfer_backend": "mooncake"},
+            "encoder disaggregation (--language-only) over --encoder-transfer-backend mooncake",
+        ),
+        ({"disaggregation_mode": "null"}, None),
+        ({"disaggregation_mode": "prefill"}, "prefill/decode disaggregation (--disaggregation-mode prefill)"),
+        ({"disaggregation_mode": "decode"}, "prefill/decode disaggregation (--disaggregation-mode decode)"),
+    ],
+)
+def test_conflicting_setup_names_what_pruning_cannot_run_with(server_args, conflict):
+    assert conflicting_setup(SimpleNamespace(**server_args)) == conflict
+
+
+def test_encoder_disaggregation_of_a_family_whose_encoder_path_is_not_exact_refuses_pruning():
+    qwen2_5_vl = SimpleNamespace(architectures=["Qwen2_5_VLForConditionalGeneration"])
+    conflict = conflicting_setup(SimpleNamespace(language_only=True), qwen2_5_vl)
+    assert conflict.startswith("encoder disaggregation (--language-only) of Qwen2_5_VLForConditionalGeneration")
+    assert conflicting_setup(SimpleNamespace(), qwen2_5_vl) is None  # one server prunes it
+    qwen3_vl = SimpleNamespace(architectures=["Qwen3VLForConditionalGeneration"])
+    assert conflicting_setup(SimpleNamespace(language_only=True), qwen3_vl) is None
+    omni = SimpleNamespace(architectures=["Qwen3OmniMoeForConditionalGeneration"])  # a path never run with pruning
+    conflict = conflicting_setup(SimpleNamespace(encoder_only=True), omni)
+    assert conflict.startswith("encoder disaggregation (--encoder-only) of Qwen3OmniMoeForConditionalGeneration")
+    assert conflicting_setup(SimpleNamespace(), omni) is None
