@@ -4,7 +4,7 @@
 #      the machine's python3 (scripts/gpu_pack/install.sh: the machine's torch 2.11 stays, .pth files work);
 #   2. sets the GPU route's environment (SGLANG_EVS_GPU_ROUTE=1, offline hub) and runs, each under a time
 #      limit and all within CHECK_BUDGET_S (default 480 s) after the install: the route's import check
-#      (`python -m sglang_evs.runtime.gpu_route --check`, where that module exists), SGLang's server import,
+#      (`python -m sglang_evs.runtime.gpu_route_check`, where that module exists), SGLang's server import,
 #      the tiny-model serve check (scripts/gpu_pack/serve_check.py: a video at q = 0.75), the graph check
 #      (scripts/gpu_graph_check.sh, where it exists) and the methods check (scripts/gpu_methods_check.sh);
 #   3. writes $OUT/report.md (pass/fail, seconds and figures of each step), $OUT/serve-check.json, the
@@ -95,7 +95,7 @@ fi
 
 if wanted route; then
   if [ -f python/sglang_evs/runtime/gpu_route.py ]; then
-    run_step route 90 python -m sglang_evs.runtime.gpu_route --check
+    run_step route 90 python -m sglang_evs.runtime.gpu_route_check
     record route "$step_result" "$step_seconds" "$(tail_of route 2)"
   else
     record route "skipped (python/sglang_evs/runtime/gpu_route.py not in this checkout)" 0 ""

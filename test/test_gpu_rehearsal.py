@@ -97,7 +97,7 @@ def test_sglang_imports_from_the_installed_wheels(rehearsal):
     assert sglang_file.startswith(venv) and evs_file.startswith(venv), done.stdout
     assert (torch_version, transformers_version, backend) == ("2.11.0+cu130", "5.17.0", "decord"), done.stdout
     if (REPO / "python" / "sglang_evs" / "runtime" / "gpu_route.py").is_file():
-        run([str(rehearsal["python"]), "-m", "sglang_evs.runtime.gpu_route", "--check"], timeout=300,
+        run([str(rehearsal["python"]), "-m", "sglang_evs.runtime.gpu_route_check"], timeout=300,
             env=clean_environment())  # fmt: skip
 
 

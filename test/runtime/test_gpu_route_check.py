@@ -31,10 +31,10 @@ def test_cuda_at_import_answers_as_an_sm90_device_and_restores_sglang_helpers():
 
 @pytest.mark.slow
 def test_the_cuda_server_path_imports_with_every_sgl_kernel_name_resolved():
-    """`python -m sglang_evs.runtime.gpu_route --check`: SGLang's Qwen3-VL CUDA server modules import with
+    """`python -m sglang_evs.runtime.gpu_route_check`: SGLang's Qwen3-VL CUDA server modules import with
     `is_cuda()` true through the route's `sgl_kernel` (about 40 s: SGLang imports some 5,000 modules)."""
     out = subprocess.run(
-        [sys.executable, "-m", "sglang_evs.runtime.gpu_route", "--check"],
+        [sys.executable, "-m", "sglang_evs.runtime.gpu_route_check"],
         env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ when `SGLANG_EVS_GPU_ROUTE=1`, the CPU engine is off and no real `sgl_kernel` is
 flashinfer is never provided: with it absent, `is_flashinfer_available()` is False and SGLang's lazy
 imports of it are never resolved on this path. The server flags the route serves with are `SERVER_ARGS`.
 
-`python -m sglang_evs.runtime.gpu_route --check` (`gpu_route_check`) runs on any machine, a CPU one included:
+`python -m sglang_evs.runtime.gpu_route_check` runs on any machine, a CPU one included:
 it imports the Qwen3-VL CUDA server path through this hook and reports each `sgl_kernel` name asked for.
 """
 
@@ -216,22 +216,14 @@ def install() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sglang_evs.runtime.gpu_route", description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="import the CUDA server path and report sgl_kernel names")
     parser.add_argument("--print-server-args", action="store_true", help="print SERVER_ARGS, one line")
     args = parser.parse_args(argv)
     if args.print_server_args:
         print(" ".join(SERVER_ARGS))
         return 0
-    if args.check:
-        from sglang_evs.runtime.gpu_route_check import check
-
-        return check()
     parser.print_help()
     return 0
 
 
 if __name__ == "__main__":
-    # run the importable module's main, so that the finder and `ASKED` are the ones the bootstrap would use
-    from sglang_evs.runtime.gpu_route import main as route_main
-
-    sys.exit(route_main())
+    sys.exit(main())

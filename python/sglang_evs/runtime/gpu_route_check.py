@@ -1,4 +1,4 @@
-"""The GPU route's import check: `python -m sglang_evs.runtime.gpu_route --check`, on any machine.
+"""The GPU route's import check: `python -m sglang_evs.runtime.gpu_route_check`, on any machine.
 
 With the route's hook installed (`gpu_route`) and SGLang's platform helpers answering as a CUDA device while
 they import (`cuda_at_import`), it imports every module of the Qwen3-VL CUDA server path (`SERVER_MODULES`)
@@ -170,3 +170,7 @@ def check(modules: Sequence[str] = SERVER_MODULES) -> int:
     for line in bad:
         print(f"FAILED {line}")
     return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(check())
