@@ -18,6 +18,7 @@ def bench():
     return load_benchmark("bench_gpu_ttft")
 
 
+@pytest.mark.slow  # a graph-mode CPU server: about 20 s
 def test_smoke_runs_every_step_on_cpu(bench, tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--smoke", "--clips", "1", "--model-path", str(tiny_model_dir), "--workdir", str(tmp_path), "--output",

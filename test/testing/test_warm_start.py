@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from sglang_evs.testing import warm_start
 
 
@@ -20,6 +22,7 @@ def test_a_warm_start_runs_the_module_as_python_m_would_in_its_own_session(tmp_p
     assert len({warm_start.import_key(env), warm_start.import_key({**env, "OTHER": "1"})}) == 2
 
 
+@pytest.mark.slow  # the test tooling's own check: about 40 s of interpreters started and closed
 def test_the_test_name_pytest_sets_does_not_count_and_idle_warm_interpreters_are_closed(tmp_path):
     """pytest names the running test in the environment: servers of different tests share a warm
     interpreter. Once more import-time environments than `KEPT_IDLE` were used, the oldest idle ones close."""
