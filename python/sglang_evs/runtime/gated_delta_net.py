@@ -107,10 +107,13 @@ def write_rows(pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> N
     to slot 0), so repeated indices carry equal values and any write order gives the same pool."""
     slots = slots.long()
     valid = slots >= 0
-    anchor = valid.int().argmax()  # the first live row (0 if none is)
-    targets = torch.where(valid, slots, slots[anchor].clamp(min=0))
-    anchor_row = torch.where(valid[anchor], rows[anchor], pool[targets[anchor]])
-    pool[targets] = torch.where(valid.view(-1, *([1] * (rows.dim() - 1))), rows, anchor_row)
+    anchor = valid.int().argmax().view(1)  # the first live row (0 if none is); a [1] index, never a Python int
+    anchor_slot = slots.index_select(0, anchor).clamp(min=0)
+    ones = [1] * (rows.dim() - 1)
+    anchor_row = torch.where(
+        valid.index_select(0, anchor).view(1, *ones), rows.index_select(0, anchor), pool.index_select(0, anchor_slot)
+    )
+    pool[torch.where(valid, slots, anchor_slot)] = torch.where(valid.view(-1, *ones), rows, anchor_row)
 
 
 def gdn_gating(
