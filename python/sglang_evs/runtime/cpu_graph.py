@@ -79,6 +79,8 @@ def _storage(tensor: torch.Tensor) -> int:
 
 
 class CpuGraph(TorchDispatchMode):
+    """Records every aten op run inside `with graph:` (refusing what a CUDA capture refuses); `replay` re-runs them."""
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple[Any, tuple, dict, Any]] = []
@@ -111,6 +113,7 @@ class CpuGraph(TorchDispatchMode):
         return isinstance(tensor, torch.Tensor) and tensor.numel() > 0 and _storage(tensor) in self.computed
 
     def refuse_what_cuda_refuses(self, func, args: tuple, kwargs: dict) -> None:
+        """Raise `CaptureError` if CUDA's capture would fail at this op (the module's docstring says when)."""
         tensors = [value for value in _flat([*args, *kwargs.values()]) if isinstance(value, torch.Tensor)]
         computed = any(map(self.is_computed, tensors))
         if func in _READS_BACK and computed:
