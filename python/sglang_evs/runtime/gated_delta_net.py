@@ -310,6 +310,7 @@ def causal_conv1d_verify(
     history = conv_states[slot_ids.clamp(min=0)].float() * valid.view(-1, 1, 1)
     full = torch.cat([history, x.float()], dim=2)  # [B, dim, S + L]
     through_token = full[:, :, state_len + 1 - (width - 1) :].unfold(2, width - 1, 1)  # [B, dim, L, W-1]
+    # all windows in one write: SGLang's CPU windows are dense (it overlaps them in memory on CUDA only)
     recorded = torch.where(valid & (window_rows >= 0), window_rows.long(), -1)
     write_rows(windows[:, :steps], recorded, through_token.transpose(1, 2).to(windows.dtype))  # [B, L, dim, W-1]
     y = causal_conv1d_step(x, conv_states, weight, bias, activation, slots)
