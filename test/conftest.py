@@ -77,6 +77,19 @@ def build_cached_model(
     return out
 
 
+@pytest.fixture
+def cpu_graph_stand_ins(monkeypatch) -> None:
+    """Graph mode's stand-ins for torch's graph API (`runtime/cpu_graph.py`) in this process, for one test."""
+    import torch
+
+    from sglang_evs.runtime.cpu_graph import stand_in_for_cuda_graphs
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", torch.cuda.CUDAGraph)
+    for name in ("graph_pool_handle", "graph", "is_current_stream_capturing", "synchronize"):
+        monkeypatch.setattr(torch.cpu, name, getattr(torch.cpu, name, None), raising=False)
+    stand_in_for_cuda_graphs()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     return build_cached_model("tiny")

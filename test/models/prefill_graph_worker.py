@@ -23,7 +23,8 @@ same batch. At q = 0 a replay must equal it bit for bit.
   pruned_chunks     a video at q = .75 prefilled in two chunks cut inside the pruned video: each
                     chunk's replay equals our eager forward of it (graph runner off).
 Then, patched in this process, two broken copies of the plugin must fail the same comparisons:
-`post_process` with its buffer writes removed, and buffers whose deepstack rows survive a forward.
+`post_process` with its buffer writes removed, and buffers whose deepstack rows survive a forward; and a
+capture whose body reads a value back to Python must fail, as a CUDA capture does.
 
 The model is Qwen3-VL (deepstack and M-RoPE buffers) or GLM-4.1V (M-RoPE only, GLM's own processor and
 prompts, `Family` below); for a model without deepstack the deepstack entries are left out of the report.
@@ -243,7 +244,27 @@ def main() -> None:
         with patched(GraphInputs, "write", write_keeping_deepstack):
             harness.forward(mixed, graph=True)
             report["broken"]["stale_deepstack"] = harness.replay_vs_upstream(text)
+    report["planted_read_back"] = capture_with_a_read_back(harness)
     print("REPORT " + json.dumps(report))
+
+
+def capture_with_a_read_back(harness: "Harness") -> str:
+    """SGLang's runner captures again, a first decoder layer reading its output back to Python (`float()`,
+    an `.item()`): the capture must fail as on a GPU. What it raised, or "" if it did not."""
+    layer = type(harness.model.model.layers[0])
+    upstream_forward = layer.forward
+
+    def forward_reading_back(self, *args, **kwargs):
+        out = upstream_forward(self, *args, **kwargs)
+        float((out[0] if isinstance(out, tuple) else out).sum())
+        return out
+
+    with patched(layer, "forward", forward_reading_back):
+        try:
+            harness.runner.init_prefill_cuda_graph()
+        except Exception as error:  # SGLang's runner wraps what the capture raised
+            return f"{type(error).__name__}: {error}"
+    return ""
 
 
 if __name__ == "__main__":

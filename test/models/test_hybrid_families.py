@@ -40,7 +40,7 @@ from sglang_evs.testing.requests import (
     pruning_metrics,
 )
 from sglang_evs.testing.server import Launch, running_servers
-from sglang_evs.testing.workload import send_alone, send_together
+from sglang_evs.testing.workload import replayed_padded, send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
@@ -559,7 +559,13 @@ def layouts(arch, model_dir, media_dir, clips, tmp_path_factory) -> dict:
                 results[layout, side, name] = generate(server.base_url, prompt, **kw)[0]
             if side == "plugin":
                 results[layout, side, "pruned"] = video(server.base_url, clips["moving"], 0.75)
+            if side == "plugin" and LAYOUTS[layout][1]:
+                padded = [mixed_cases(clips, media_dir)[i] for i in PADDED]
+                results[layout, "padded"] = replayed_padded(server.base_url, padded, results["trace",], "DECODE")
     return results
+
+
+PADDED = (3, 7, 5)  # of `mixed_cases`: two texts and two images, at once: 3 live rows of a 4-row decode graph
 
 
 @pytest.mark.parametrize("arch", [QWEN4_EXP], scope="module")
@@ -580,6 +586,22 @@ def test_qwen4_exp_in_graph_mode_and_at_tp2_as_upstream_and_as_one_eager_rank(la
     replays = trace.read(layouts["trace",], "graph_replay")
     assert any(event["mode"] == "DECODE" and event["media"] for event in replays)
     assert not any(event["mode"] == "EXTEND" and event["media"] for event in replays)
+
+
+@pytest.mark.parametrize("arch", [QWEN4_EXP], scope="module")
+def test_qwen4_exp_padded_decode_replays_give_each_request_its_eager_tokens(layouts, served, arch):
+    """Three requests at once decode in graphs of 4 rows, the fourth SGLang's padding (Mamba slot -1): each
+    gets the tokens the eager server gave it alone (up to bfloat16's near-ties: a batch of three rounds
+    otherwise than one request)."""
+    checkpoint = ARCHITECTURES[arch]
+    for layout, (_, graphs) in LAYOUTS.items():
+        if not graphs:
+            continue
+        replies, replays = layouts[layout, "padded"]
+        assert any(event["mode"] == "DECODE" and event["requests"] == len(PADDED) for event in replays), layout
+        for index, reply in zip(PADDED, replies, strict=True):
+            want = served.mixed_alone[index]
+            assert_same_generation(reply, want, checkpoint.tolerance, f"{layout}, case {index}", checkpoint.bfloat16)
 
 
 # --- a Qwen3.5 checkpoint with deepstack levels: they travel in the fixed buffer

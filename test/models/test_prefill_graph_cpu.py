@@ -67,6 +67,11 @@ def test_broken_copies_of_the_plugin_fail_the_comparison(report):
         assert broken["replayed"] and broken["replay_vs_upstream"] > BROKEN
 
 
+def test_a_read_back_inside_sglangs_capture_fails_it_naming_the_op(report):
+    assert "_local_scalar_dense" in report["planted_read_back"]
+    assert "operation not permitted when stream is capturing" in report["planted_read_back"]
+
+
 def test_deepstack_buffer_never_moves(report):
     assert report["deepstack_ptr"]["constructed"] == report["deepstack_ptr"]["final"]
 

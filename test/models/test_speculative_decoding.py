@@ -41,7 +41,7 @@ from sglang_evs.testing.requests import (
     per_request_rate,
 )
 from sglang_evs.testing.server import Launch, run_to_exit, running_servers
-from sglang_evs.testing.workload import send_alone, send_together
+from sglang_evs.testing.workload import replayed_padded, send_alone, send_together
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_evs_serving import expected_positions, rule_positions  # noqa: E402  (the rule, shared)
@@ -115,6 +115,14 @@ class Served:
     graphs: dict[tuple[str, str], Generation] = field(default_factory=dict)  # speculating in graph mode
     graphs_upstream: dict[str, Generation] = field(default_factory=dict)  # q = 0, upstream in graph mode
     graphs_traced: TracedRequest | None = None
+    padded: list[Generation] = field(default_factory=list)  # PADDED at once in graph mode
+    padded_replays: list[dict] = field(default_factory=list)  # their `graph_replay` events
+    padded_eager: list[Generation] = field(default_factory=list)  # each alone, speculating eagerly
+
+
+# three requests at once: 3 live rows in a graph of 4 (GRAPH_BATCHES), the fourth SGLang's padding
+PADDED = tuple((chat_prompt(text=text), {}, 0.0) for text in ("Count the objects.", "Say yes or no.", "Name a color."))
+PADDED_TOKENS = 16
 
 
 def mixed(all_cases: dict[str, tuple[str, dict]]) -> list[tuple[str, dict, float]]:
@@ -201,6 +209,10 @@ def serve_qwen3_5(servers, all_cases: dict, clips: dict[str, Path], out: Path) -
     for name in ("text", "video", "image_video"):
         served.graphs_upstream[name] = ask(graphs_upstream.base_url, all_cases[name], {})
     served.graphs_traced = trace_pruned_request(graphs.base_url, out / "graphs-trace.jsonl", out, seed=41)
+    served.padded_eager = [generate(speculating.base_url, p, PADDED_TOKENS, **kw)[0] for p, kw, _ in PADDED]
+    served.padded, served.padded_replays = replayed_padded(
+        graphs.base_url, PADDED, out / "graphs-trace.jsonl", "TARGET_VERIFY", PADDED_TOKENS
+    )
     return served
 
 
@@ -292,6 +304,17 @@ def test_graph_mode_speculates_the_tokens_of_eager_mode_accepting_as_many_drafts
         assert_same(graph, eager, "graph mode vs eager")
     verifies = [sum(reply.meta["spec_verify_ct"] for reply in replies) for replies in zip(*pairs, strict=True)]
     assert verifies[0] <= verifies[1]  # as many tokens in no more verifies: drafts accepted at least as often
+
+
+def test_graph_mode_replays_padded_batches_with_the_tokens_of_eager_mode(served):
+    """Three requests at once replay verify and draft graphs of 4 rows, one of them SGLang's padding (its Mamba
+    slot -1): the Gated DeltaNet stand-ins must neither size anything by which rows are live (a capture
+    froze another padding) nor write the padding row's states into a live request's slot."""
+    padded = [event for event in served.padded_replays if event["requests"] == len(PADDED)]
+    assert any(event["mode"] == "TARGET_VERIFY" for event in padded)
+    assert any(event["phase"] == "draft_decode" for event in padded)
+    for got, want in zip(served.padded, served.padded_eager, strict=True):
+        assert_same(got, want, "three at once in graph mode vs alone eagerly")
 
 
 def test_graph_mode_at_q0_is_bit_identical_to_upstream_in_graph_mode(served):

@@ -415,3 +415,40 @@ def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu(cpu_route):
     assert "unknown mamba name -> ImportError" in stdout
     assert "wired" in stdout
     assert "backend forward ok" in stdout
+
+
+# ---- padded graph replays -----------------------------------------------------
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["decode", "target_verify"])
+def test_conv_update_replays_from_a_graph_whatever_rows_are_padding(verify):
+    """SGLang pads a graph's batch with rows whose slot is -1 and replays one capture for any padding: a
+    replay with other live rows must roll exactly their states (and windows), the capture having sized
+    nothing by which rows were live (the strict `CpuGraph` refuses a boolean-mask write)."""
+    from sglang_evs.runtime.cpu_graph import CpuGraph
+
+    gen = torch.Generator().manual_seed(5)
+    batch, dim, width, steps = 4, 3, 4, 3 if verify else 1
+    weight, bias = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+    conv_states = torch.randn(POOL, dim, width - 1, generator=gen)
+    windows = torch.zeros(POOL, steps, dim, width - 1) if verify else None
+    x = torch.randn(batch, dim, steps, generator=gen) if verify else torch.randn(batch, dim, generator=gen)
+    slots, rows = torch.tensor([1, 4, 6, -1], dtype=torch.int32), torch.tensor([2, 0, 5, -1], dtype=torch.int32)
+
+    def call(x, conv_states, slots, windows, rows):
+        extra = {"intermediate_conv_window": windows, "intermediate_state_indices": rows} if verify else {}
+        return causal_conv1d_update_cpu(x, conv_states, weight, bias, "silu", conv_state_indices=slots, **extra)
+
+    graph = CpuGraph()
+    with graph:
+        out = call(x, conv_states, slots, windows, rows)
+    for live_slots, live_rows in (([5, 3, -1, -1], [1, 7, 3, -1]), ([2, 8, 0, 7], [4, -1, 6, 8]), ([-1] * 4, [1] * 4)):
+        new_x = torch.randn(x.shape, generator=gen)
+        want_states, want_windows = conv_states.clone(), None if windows is None else windows.clone()
+        live_slots, live_rows = torch.tensor(live_slots, dtype=torch.int32), torch.tensor(live_rows, dtype=torch.int32)
+        want = call(new_x, want_states, live_slots, want_windows, live_rows)
+        x.copy_(new_x), slots.copy_(live_slots), rows.copy_(live_rows)
+        graph.replay()
+        live = live_slots >= 0
+        assert torch.equal(out[live], want[live]) and torch.equal(conv_states, want_states)
+        assert windows is None or torch.equal(windows, want_windows)

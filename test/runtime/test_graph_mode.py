@@ -81,6 +81,16 @@ OPS = """
             gaps[kind + " replay"] = float((args[1] - want).abs().max())
             gaps[kind + " replay reads live lengths"] = float((args[1] - got).abs().max())
 
+    # a draft-extend graph's padded batch: no prefix lengths, a padding row at seq_len 1 (the fill) under 3 tokens
+    q, out = torch.randn(6, H, D), torch.zeros(6, H, D)
+    TorchNativeAttnBackend._run_sdpa_forward_extend(
+        backend, q, out, k_cache, v_cache, req_to_token, torch.tensor([1, 0]), torch.tensor([7, 1]), None,
+        torch.tensor([3, 3]), scaling=0.3, enable_gqa=True, causal=True)
+    want = graph_mode._upstream["extend"](
+        backend, q[:3], torch.zeros(3, H, D), k_cache, v_cache, req_to_token, torch.tensor([1]), torch.tensor([7]),
+        torch.tensor([4]), torch.tensor([3]), scaling=0.3, enable_gqa=True, causal=True)
+    gaps["draft extend, padded"] = float((out[:3] - want).abs().max())
+
     # MoE: routing replayed on live tokens, not the capture's
     experts, hidden, inter, k = 4, 8, 6, 2
     layer = torch.nn.Module()
@@ -114,3 +124,4 @@ def test_attention_and_moe_ops_are_upstreams_and_replay_on_the_live_batch(cpu_ro
     assert gaps["decode replay"] == 0.0  # the replay read the new requests and lengths
     assert gaps["decode replay reads live lengths"] > 1e-3  # ... and they did change the answer
     assert gaps["moe replay"] == 0.0  # routed as the live tokens are
+    assert gaps["draft extend, padded"] == 0.0  # the padding row (seq_len 1 < its 3 tokens) did not stop it

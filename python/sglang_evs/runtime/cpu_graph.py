@@ -11,9 +11,29 @@ capture (same storage, same shapes) and runs none of the Python around them: a t
 the body picked by Python logic at capture (an attribute, a branch, a temporary) is the
 one it reads at every replay. Out-of-place results are written back into the tensors
 captured for them, so later ops see the new values. Shapes and control flow are frozen,
-as in a CUDA graph; values read back to Python during capture (`.item()`) stay frozen too.
+as in a CUDA graph.
+
+As strict as a CUDA capture: what would make the GPU wait for a captured kernel fails the
+capture with `CaptureError`, naming the op, where CUDA fails with "operation not permitted
+when stream is capturing". That is, on a value *computed inside the capture*:
+- reading it back to Python: `.item()`, `bool()`, `int()`, `float()` (`aten._local_scalar_dense`),
+  `torch.equal`, `.tolist()`, `.numpy()`;
+- an op whose output shape depends on its data: `nonzero` (`torch.where(mask)`, `argwhere`),
+  `masked_select`, `unique`, `bincount`, `repeat_interleave` without `output_size`, indexing or
+  index-assigning with a boolean mask (except assigning one host value, which CUDA turns into
+  `masked_fill_`);
+and, at all, `torch.cpu.synchronize()` (`torch.cuda.synchronize()` on the CPU route's device module).
+
+A value is computed inside the capture when its storage is the output of an op recorded in this
+capture, or was written in place by one (views of it included). Every other tensor existed before
+the capture began (or is a constant made during it): it stands for host memory (SGLang's `*_cpu`
+metadata, Python lists turned into tensors) and stays readable, its value frozen into the graph as
+a GPU capture freezes what the host computed. The rule cannot tell a pre-existing device buffer
+from host memory (on CPU both are host memory): reading a static input buffer during a capture
+passes here and would fail on a GPU.
 """
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -22,17 +42,109 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+CAPTURE_FAILS = "a CUDA graph capture fails here (operation not permitted when stream is capturing)"
+
+
+class CaptureError(RuntimeError):
+    """What a CUDA capture raises (a `cudaErrorStreamCaptureUnsupported`), for the CPU stand-in."""
+
+
+_aten = torch.ops.aten
+# ops that hand a device value to the host, by what they read: a CUDA capture cannot wait for it
+_READS_BACK = {
+    _aten._local_scalar_dense.default: ".item() / bool() / int() / float() of a tensor",
+    _aten.equal.default: "torch.equal",
+}
+# ops whose output shape is a device value: the host waits for it to allocate the output
+_SHAPE_FROM_DATA = {
+    _aten.nonzero.default: "nonzero (torch.where(mask), argwhere)",
+    _aten.masked_select.default: "masked_select",
+    _aten._unique.default: "unique",
+    _aten._unique2.default: "unique",
+    _aten.unique_dim.default: "unique",
+    _aten.unique_consecutive.default: "unique_consecutive",
+    _aten.unique_dim_consecutive.default: "unique_consecutive",
+    _aten.bincount.default: "bincount",
+}
+_MASK_INDEX = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
+_REPEAT_INTERLEAVE = _aten.repeat_interleave.Tensor
+
+
+def _refused(what: Any, why: str) -> CaptureError:
+    return CaptureError(f"{what}: {why}; {CAPTURE_FAILS}")
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
 
 class CpuGraph(TorchDispatchMode):
+    """Records every aten op run inside `with graph:` (refusing what a CUDA capture refuses); `replay` re-runs them."""
+
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple[Any, tuple, dict, Any]] = []
+        self.computed: set[int] = set()  # storages written by recorded ops (the ops keep them alive)
+        self._running = False  # inside a recorded op's own body (a custom op's Python): not the captured body
+
+    def __enter__(self):
+        _install_host_read_checks()
+        _capturing_graphs.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _capturing_graphs.remove(self)
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        self.refuse_what_cuda_refuses(func, args, kwargs)
+        self._running = True
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self._running = False
         self.ops.append((func, args, kwargs, out))
+        self._mark_computed(func, args, kwargs, out)
         return out
+
+    def is_computed(self, tensor: Any) -> bool:
+        """Whether `tensor` holds a value computed inside this capture (see the module's docstring)."""
+        return isinstance(tensor, torch.Tensor) and tensor.numel() > 0 and _storage(tensor) in self.computed
+
+    def refuse_what_cuda_refuses(self, func, args: tuple, kwargs: dict) -> None:
+        """Raise `CaptureError` if CUDA's capture would fail at this op (the module's docstring says when)."""
+        tensors = [value for value in _flat([*args, *kwargs.values()]) if isinstance(value, torch.Tensor)]
+        computed = any(map(self.is_computed, tensors))
+        if func in _READS_BACK and computed:
+            raise _refused(func, f"{_READS_BACK[func]} reads a value computed in the capture")
+        if func in _SHAPE_FROM_DATA and computed:
+            raise _refused(func, f"{_SHAPE_FROM_DATA[func]} sizes its output by a value computed in the capture")
+        if func is _REPEAT_INTERLEAVE and kwargs.get("output_size") is None and computed:
+            raise _refused(func, "repeat_interleave without output_size sizes its output by computed repeats")
+        if func in _MASK_INDEX:
+            masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+            if not any(map(self.is_computed, masks)):
+                return
+            if func is not _aten.index.Tensor and len(masks) == 1:
+                value = args[2] if len(args) > 2 else kwargs["values"]
+                if value.numel() == 1 and not self.is_computed(value):
+                    return  # CUDA assigns one host value under a mask with `masked_fill_`
+            raise _refused(func, "indexing with a boolean mask computed in the capture")
+
+    def _mark_computed(self, func, args: tuple, kwargs: dict, out: Any) -> None:
+        inputs = {_storage(t) for t in _flat([*args, *kwargs.values()]) if isinstance(t, torch.Tensor)}
+        for value in _flat([out]):
+            if isinstance(value, torch.Tensor) and _storage(value) not in inputs:
+                self.computed.add(_storage(value))  # a fresh result (views and in-place results are inputs')
+        schema = func._schema
+        for position, argument in enumerate(schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            written = kwargs.get(argument.name, args[position] if position < len(args) else None)
+            for tensor in _flat([written]):
+                if isinstance(tensor, torch.Tensor):
+                    self.computed.add(_storage(tensor))
 
     def replay(self) -> None:
         for func, args, kwargs, captured in self.ops:
@@ -93,6 +205,41 @@ def _write_back(captured: Any, result: Any) -> None:
 # segments replayed since the last `take_replayed()` (bounded: only a trace takes them)
 replayed: deque["CpuGraphSegment"] = deque(maxlen=10_000)
 _capturing = [False]  # inside a segment's capture: `torch.cpu.is_current_stream_capturing()`
+_capturing_graphs: list[CpuGraph] = []  # the graphs recording now (innermost last)
+
+
+def _refuse_host_read(tensor: torch.Tensor, what: str) -> None:
+    """`.tolist()` and `.numpy()` read a tensor's memory directly, below the dispatcher a `CpuGraph` sees."""
+    for graph in _capturing_graphs:
+        if not graph._running and graph.is_computed(tensor):
+            raise _refused(f"Tensor.{what}()", "reads a value computed in the capture")
+
+
+@functools.cache
+def _install_host_read_checks() -> None:
+    for name in ("tolist", "numpy"):
+        upstream = getattr(torch.Tensor, name)
+
+        def checked(self, *args, _upstream=upstream, _name=name, **kwargs):
+            if _capturing_graphs:
+                _refuse_host_read(self, _name)
+            return _upstream(self, *args, **kwargs)
+
+        setattr(torch.Tensor, name, functools.wraps(upstream)(checked))
+
+
+def synchronize(device: Any = None) -> None:
+    """`torch.cpu.synchronize` in graph mode: a capture cannot wait for its own kernels."""
+    if _capture_active():
+        raise _refused("torch.cuda.synchronize() (torch.cpu.synchronize on the CPU route)", "waits for the capture")
+    _cpu_synchronize(device)
+
+
+def _capture_active() -> bool:
+    return _capturing[0] or any(not graph._running for graph in _capturing_graphs)
+
+
+_cpu_synchronize = torch.cpu.synchronize
 
 
 class CpuGraphSegment:
@@ -155,8 +302,10 @@ def graph(cuda_graph: CpuGraphSegment, pool: Any = None, stream: Any = None, cap
 def stand_in_for_cuda_graphs() -> None:
     """Test processes only: `torch.cuda.CUDAGraph` becomes `CpuGraphSegment`, and the CPU device
     module (`torch.get_device_module("cpu")`, which SGLang's graph runners call) gets the capture
-    context, the capturing query and the graph-pool handle (a CPU graph needs no memory pool)."""
+    context, the capturing query, the graph-pool handle (a CPU graph needs no memory pool) and a
+    `synchronize` that fails during a capture, as CUDA's does."""
     torch.cuda.CUDAGraph = CpuGraphSegment
     torch.cpu.graph_pool_handle = lambda: (0, 0)
     torch.cpu.graph = graph
     torch.cpu.is_current_stream_capturing = lambda: _capturing[0]
+    torch.cpu.synchronize = synchronize

@@ -95,9 +95,25 @@ def causal_conv1d_step(
     y = (windows * weight.float().unsqueeze(1)).sum(-1)
     if bias is not None:
         y = y + bias.float().unsqueeze(-1)
-    conv_states[slots[valid]] = full[valid, :, -state_len:].to(conv_states.dtype)
+    write_rows(conv_states, slots, full[:, :, -state_len:].to(conv_states.dtype))
     y = _activate(y, activation).to(x.dtype)
     return y if x.dim() == 3 else y.squeeze(-1)
+
+
+def write_rows(pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """pool[slots[b]] = rows[b] for each b with slots[b] >= 0, in shapes that never depend on the data (a
+    graph captured with some padding slots replays with others, and a GPU capture cannot size by a mask).
+    A padding row writes what the first live row writes, to its slot (none live: slot 0's own value back
+    to slot 0), so repeated indices carry equal values and any write order gives the same pool."""
+    slots = slots.long()
+    valid = slots >= 0
+    anchor = valid.int().argmax().view(1)  # the first live row (0 if none is); a [1] index, never a Python int
+    anchor_slot = slots.index_select(0, anchor).clamp(min=0)
+    ones = [1] * (rows.dim() - 1)
+    anchor_row = torch.where(
+        valid.index_select(0, anchor).view(1, *ones), rows.index_select(0, anchor), pool.index_select(0, anchor_slot)
+    )
+    pool[torch.where(valid, slots, anchor_slot)] = torch.where(valid.view(-1, *ones), rows, anchor_row)
 
 
 def gdn_gating(
@@ -294,11 +310,9 @@ def causal_conv1d_verify(
     history = conv_states[slot_ids.clamp(min=0)].float() * valid.view(-1, 1, 1)
     full = torch.cat([history, x.float()], dim=2)  # [B, dim, S + L]
     through_token = full[:, :, state_len + 1 - (width - 1) :].unfold(2, width - 1, 1)  # [B, dim, L, W-1]
-    # one window at a time: SGLang may hand a deduplicated buffer whose windows overlap in memory
-    for b, row in enumerate(window_rows.tolist()):
-        if valid[b] and row >= 0:
-            for t in range(steps):
-                windows[row, t] = through_token[b, :, t]
+    # all windows in one write: SGLang's CPU windows are dense (it overlaps them in memory on CUDA only)
+    recorded = torch.where(valid & (window_rows >= 0), window_rows.long(), -1)
+    write_rows(windows[:, :steps], recorded, through_token.transpose(1, 2).to(windows.dtype))  # [B, L, dim, W-1]
     y = causal_conv1d_step(x, conv_states, weight, bias, activation, slots)
     # SGLang's caller reshapes the result through x's memory layout (a transposed view)
     return torch.empty_like(x).copy_(y)

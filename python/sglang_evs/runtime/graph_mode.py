@@ -180,6 +180,9 @@ def graph_capable_attention(module: ModuleType) -> None:
                           extend_prefix_lens, extend_seq_lens, encoder_lens, scaling, enable_gqa, causal,
                           is_cross_attn, sliding_window_size)  # fmt: skip
         if extend_prefix_lens is None:  # a draft-extend graph's batch: each request's prefix precedes its n tokens
+            # SGLang pads its rows with seq_lens at the backend's fill (1) and extend_seq_lens at the draft width:
+            # a padding row reads as many of the padding request's slots as it has tokens, as a GPU kernel would
+            seq_lens = torch.maximum(seq_lens, extend_seq_lens)
             extend_prefix_lens = seq_lens - extend_seq_lens
         ops.paged_extend_attention(
             query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,

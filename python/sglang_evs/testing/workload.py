@@ -173,6 +173,34 @@ def send_together(
     return replies, batched
 
 
+def replayed_padded(
+    base_url: str,
+    cases: Sequence[tuple[str, dict, float]],
+    trace_path: Path,
+    mode: str,
+    max_new_tokens: int = 8,
+    attempts: int = 4,
+) -> tuple[list[Generation], list[dict]]:
+    """(prompt, media kwargs, pruning rate) cases sent at once, from an empty radix cache, until a graph-mode
+    server's trace shows a `mode` replay holding all of them in one batch (with 3 cases and graph sizes
+    1, 2, 4: three live rows and a padding row). Whether they meet in one batch is a matter of timing, as in
+    `send_together`. The last round's replies in the order of `cases`, and its `graph_replay` events."""
+
+    def send(case: tuple[str, dict, float]) -> Generation:
+        prompt, kwargs, rate = case
+        return generate(base_url, prompt, max_new_tokens, **kwargs, **per_request_rate(rate))[0]
+
+    for _ in range(attempts):
+        flush_cache(base_url)
+        before = len(trace.read(trace_path, "graph_replay")) if trace_path.exists() else 0
+        with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+            replies = list(pool.map(send, cases))
+        replays = trace.read(trace_path, "graph_replay")[before:]
+        if any(event["mode"] == mode and event["requests"] == len(cases) for event in replays):
+            break
+    return replies, replays
+
+
 def prefilled_together(trace_path, forwards_before: int, generations: Sequence[Generation]) -> tuple[int, int, int]:
     """How a concurrent round was prefilled, for asserting it was batched rather than served from the radix
     cache: (forwards after the first `forwards_before` `embed_routine` trace events whose tokens held
