@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The graph checks on a CUDA machine, on the GPU route (SGLang's Triton attention backend and pure-torch
 # stand-ins for its CUDA kernels, SGLANG_EVS_GPU_ROUTE=1; no CPU environment), in bfloat16, within 8 minutes:
-#   1. the GPU tests (test/models/test_prefill_cuda_graph_gpu.py, at most TESTS_S seconds, default 270): the tiny
+#   1. the GPU tests (the route's ops and SGLang's layers captured in a CUDA graph: test/runtime/test_sgl_kernel_torch.py,
+#      test_gpu_route.py; then test/models/test_prefill_cuda_graph_gpu.py; at most TESTS_S seconds, default 270): the tiny
 #      Qwen3-VL with SGLang's graph defaults, q = 0 against upstream with the same flags, EVS and VidCom2 at
 #      q = .75 against the same server eager, every media prefill and decode step replayed, chunked prefill
 #      and a radix repeat; each comparison prints its largest logprob gap;
@@ -25,7 +26,8 @@ device=$("$python" -c 'import torch; print(torch.cuda.get_device_name())')
 # SIGINT, not TERM, at the limit: pytest and the benchmark then stop the servers they started (each its own
 # process group) before exiting, so the next step gets the GPU's memory back.
 start=$SECONDS
-timeout -s INT -k 30 "${TESTS_S:-270}" "$python" -m pytest -m gpu test/models/test_prefill_cuda_graph_gpu.py \
+timeout -s INT -k 30 "${TESTS_S:-270}" "$python" -m pytest -m gpu test/runtime/test_sgl_kernel_torch.py \
+  test/runtime/test_gpu_route.py test/models/test_prefill_cuda_graph_gpu.py \
   -q -rA -p no:cacheprovider 2>&1 | tee "$report/tests.txt"
 tests=${PIPESTATUS[0]}
 tests_s=$((SECONDS - start))
