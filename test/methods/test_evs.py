@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from sglang_evs import sglang_compat
 from sglang_evs.methods import check_pruning_rate
 from sglang_evs.methods.evs import retained_token_count, retention_mask
-
-from .evs_oracle import keep_mask, kept_count
+from sglang_evs.testing.evs_oracle import keep_mask, kept_count
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

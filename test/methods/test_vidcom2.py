@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from sglang_evs.methods import vidcom2
-
-from .vidcom2_oracle import oracle_mask
+from sglang_evs.testing.vidcom2_oracle import oracle_mask
 
 
 def continuous_video(
