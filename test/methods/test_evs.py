@@ -1,6 +1,6 @@
 """Tests of sglang_evs.methods.evs: kept count and keep-mask.
 
-Oracles: the plain-Python rule in evs_oracle.py, and vLLM 0.33.0's released
+Oracles: the plain-Python rule in `sglang_evs.testing.evs_oracle`, and vLLM 0.33.0's released
 evs.py fetched at test time (the `vllm_evs` fixture; skipped without PyPI).
 """
 

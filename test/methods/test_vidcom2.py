@@ -1,6 +1,6 @@
 """Tests of sglang_evs.methods.vidcom2.
 
-Oracles: the algorithm restated in float64 with stable sorts (vidcom2_oracle.py; for
+Oracles: the algorithm restated in float64 with stable sorts (`sglang_evs.testing.vidcom2_oracle`; for
 continuous fp32 inputs, which do not tie), and vLLM 0.33.0's released
 vidcom2.py fetched at test time (the `vllm_vidcom2` fixture; skipped without PyPI).
 """
