@@ -5,59 +5,13 @@ The test command (scripts/run_tests.sh) exports the CPU environment
 is active in this process and in every server it launches.
 """
 
-import importlib.util
 import os
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
-
-
-def load_benchmark(name: str) -> ModuleType:
-    """A script of benchmark/ (``name`` without .py) imported as a module, for its tests."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmark" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def assert_same_generation(got, want, tolerance: float, context: str, near_ties: bool = False) -> None:
-    """Two greedy generations (`testing.requests.Generation`): the same tokens and prompt tokens, logprobs
-    within `tolerance`. `near_ties` (bfloat16, where two roundings of one request may break a near-tie
-    either way): where the two part, each one's token is within `tolerance` of the other's choice among the
-    other's top logprobs, and nothing after that step is compared."""
-    assert got.prompt_tokens == want.prompt_tokens, context
-    if not near_ties:
-        assert got.output_ids == want.output_ids, context
-    for step, (a, b) in enumerate(zip(got.output_ids, want.output_ids, strict=True)):
-        if a != b:
-            assert near_ties, context
-            for one, token in ((got, b), (want, a)):
-                ranked = {tok: logprob for logprob, tok in one.top_logprobs[step]}
-                assert token in ranked and one.logprobs[step] - ranked[token] <= tolerance, f"{context}: step {step}"
-            return
-        gap = abs(got.logprobs[step] - want.logprobs[step])
-        assert gap <= tolerance, f"{context}: logprobs {gap:.2e} apart at step {step}"
-
-
-def load_in_transformers(model_dir: str | Path, dtype: str = "float32"):
-    """transformers' own model of a tiny checkpoint (`AutoModelForImageTextToText`), in eval mode. Qwen4-Exp's
-    checkpoint leaves out the sparse-attention indexer transformers always builds: drawn afresh here, it
-    selects every key of a prompt under its budget (1,024 tokens, more than any test prompt), so it
-    changes nothing."""
-    import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
-    from sglang_evs.testing import tiny_qwen4_exp
-
-    config = AutoConfig.from_pretrained(model_dir)
-    if config.architectures == [tiny_qwen4_exp.ARCHITECTURE]:
-        config.text_config.update(tiny_qwen4_exp.DRAW_INDEXER)
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, config=config, dtype=getattr(torch, dtype))
-    return model.eval()
 
 
 def build_cached_model(

@@ -1,8 +1,6 @@
 """`python -m sglang_evs.visualize`: the picture's kept cells are exactly the keep-mask's."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,9 +8,7 @@ from PIL import Image
 
 from sglang_evs import visualize
 from sglang_evs.testing import media
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "methods"))
-from evs_oracle import keep_mask as evs_oracle_mask  # noqa: E402  (the EVS oracle written here)
+from sglang_evs.testing.evs_oracle import keep_mask as evs_oracle_mask
 
 
 @pytest.mark.parametrize(("method", "rate"), [("evs", 0.75), ("vidcom2", 0.5)])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_benchmark
+from sglang_evs.testing.benchmarks import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "bench_prefill_graph.py"
 

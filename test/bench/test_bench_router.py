@@ -3,7 +3,7 @@
 import pytest
 import requests
 
-from conftest import load_benchmark
+from sglang_evs.testing.benchmarks import load_benchmark
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ servers in test/models/test_speculative_decoding.py)."""
 
 import pytest
 
-from conftest import load_benchmark
+from sglang_evs.testing.benchmarks import load_benchmark
 
 
 def sample(ttft: float, tpot: float, prompt: int, accept: float | None) -> dict:

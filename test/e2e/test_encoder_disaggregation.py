@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import assert_same_generation
 from sglang_evs import trace
 from sglang_evs.methods import EVS
 from sglang_evs.testing import media
+from sglang_evs.testing.compare import assert_same_generation
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,

@@ -10,17 +10,19 @@ another split of the layers (pp = 1) tokens and prompt lengths are exact and log
 TP = 2 server sums partial products in another order than one rank, so against one rank its tokens are compared.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from sglang_evs.testing import media
-from sglang_evs.testing.requests import GLM4V_IMAGE, GLM4V_VIDEO, glm4v_chat_prompt, media_kwargs, per_request_rate
+from sglang_evs.testing.compare import assert_close
+from sglang_evs.testing.requests import (
+    GLM4V_IMAGE,
+    GLM4V_VIDEO,
+    glm4v_chat_prompt,
+    media_kwargs,
+    per_request_rate,
+    serve,
+)
 from sglang_evs.testing.server import Launch, run_to_exit, running_servers
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pipeline_parallel import assert_close, serve  # noqa: E402  (the pp module's request set and check)
 
 pytestmark = pytest.mark.slow
 

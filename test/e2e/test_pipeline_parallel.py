@@ -9,7 +9,7 @@ that cut every video, float32. Three servers: upstream at pp = 2, the plugin at 
 Against upstream at pp = 2, requests sent alone are compared exactly (tokens, every logprob and top-5
 logprob, prompt length). The three requests of one batch request are scheduled into pipeline micro-batches
 as they arrive, so which of them share a forward (and the last bits of their matmuls) differs from run to
-run: there tokens and prompt lengths are compared exactly and logprobs within `TOLERANCE`. Against pp = 1
+run: there tokens and prompt lengths are compared exactly and logprobs within 1e-4 (`assert_close`). Against pp = 1
 (another split of the same layers: a radix hit's decode steps measured 1e-7 apart) every case is compared
 that way.
 """
@@ -17,22 +17,20 @@ that way.
 import pytest
 
 from sglang_evs import trace
+from sglang_evs.testing.compare import assert_close
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
     chat_prompt,
-    flush_cache,
-    generate,
-    logprob_gap,
     media_kwargs,
     per_request_rate,
+    serve,
 )
 from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 
 pytestmark = pytest.mark.slow
 
 ARGS = ["--dtype", "float32", "--chunked-prefill-size", "64"]
-TOLERANCE = 1e-4
 PRUNINGS = {"evs q=0.75": per_request_rate(0.75), "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2")}
 
 
@@ -54,22 +52,6 @@ def batch(media) -> dict:
         "image_data": [[str(media / "image.png")], [], []],
         "video_data": [[], [], [str(media / "static.mp4")]],
     }
-
-
-def serve(base_url: str, alone: dict[str, tuple[str, dict]], batched: dict, setting: dict) -> dict:
-    """Each case of `alone` by itself, a radix repeat of its last, and the `batched` request (`text`,
-    `image_data`, `video_data`), all at `setting`, each from an empty radix cache (chunk boundaries after a
-    cache hit depend on what was cached)."""
-    flush_cache(base_url)
-    out = {name: generate(base_url, prompt, max_new_tokens=10, **kwargs, **setting)[0]
-           for name, (prompt, kwargs) in alone.items()}  # fmt: skip
-    prompt, kwargs = list(alone.values())[-1]
-    out["radix repeat"] = generate(base_url, prompt, max_new_tokens=10, **kwargs, **setting)[0]
-    flush_cache(base_url)
-    prompts = batched["text"]
-    media = {key: batched[key] for key in ("image_data", "video_data")}
-    out["batch"] = generate(base_url, prompts, max_new_tokens=10, **media, **setting)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +78,6 @@ def served(tiny_qwen3_vl_six_layers_dir, media_dir, tmp_path_factory):
             for setting, rate in settings.items():
                 out[server_name, setting] = serve(server.base_url, cases(media_dir), batch(media_dir), rate)
     return out
-
-
-def assert_close(ours, reference, context: str = "") -> None:
-    assert (ours.output_ids, ours.prompt_tokens) == (reference.output_ids, reference.prompt_tokens), context
-    gap = logprob_gap(ours, reference)
-    assert gap <= TOLERANCE, (context, gap)
 
 
 def test_pp2_at_q0_is_bit_identical_to_upstream_pp2(served):

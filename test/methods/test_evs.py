@@ -1,6 +1,6 @@
 """Tests of sglang_evs.methods.evs: kept count and keep-mask.
 
-Oracles: the plain-Python rule in evs_oracle.py, and vLLM 0.33.0's released
+Oracles: the plain-Python rule in `sglang_evs.testing.evs_oracle`, and vLLM 0.33.0's released
 evs.py fetched at test time (the `vllm_evs` fixture; skipped without PyPI).
 """
 
@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from sglang_evs import sglang_compat
 from sglang_evs.methods import check_pruning_rate
 from sglang_evs.methods.evs import retained_token_count, retention_mask
-
-from .evs_oracle import keep_mask, kept_count
+from sglang_evs.testing.evs_oracle import keep_mask, kept_count
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

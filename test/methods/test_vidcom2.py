@@ -1,6 +1,6 @@
 """Tests of sglang_evs.methods.vidcom2.
 
-Oracles: the algorithm restated in float64 with stable sorts (vidcom2_oracle.py; for
+Oracles: the algorithm restated in float64 with stable sorts (`sglang_evs.testing.vidcom2_oracle`; for
 continuous fp32 inputs, which do not tie), and vLLM 0.33.0's released
 vidcom2.py fetched at test time (the `vllm_vidcom2` fixture; skipped without PyPI).
 """
@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from sglang_evs.methods import vidcom2
-
-from .vidcom2_oracle import oracle_mask
+from sglang_evs.testing.vidcom2_oracle import oracle_mask
 
 
 def continuous_video(

@@ -4,19 +4,24 @@ The server's default rate is 0.5; requests override it with
 `mm_processor_kwargs={"video_pruning_rate": q}`.
 """
 
-import asyncio
-import sys
-from collections.abc import Callable
-from functools import cache
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
-import torch
 
-from conftest import load_in_transformers
 from sglang_evs import trace
 from sglang_evs.testing import media
+from sglang_evs.testing.chunked import assert_chunks_equal, assert_media_prefills_and_decodes_replayed, served_in_chunks
+from sglang_evs.testing.compare import assert_same_greedy
+from sglang_evs.testing.hf_reference import (
+    HF_LOGPROB_TOLERANCE,
+    assert_masks_agree_up_to_ties,
+    assert_matches_hf,
+    checked_mask,
+    hf_pruned_greedy,
+    served_mask,
+    unseen_clip,
+)
+from sglang_evs.testing.media import GROUPS, TOKENS_PER_GROUP
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -29,15 +34,10 @@ from sglang_evs.testing.requests import (
     per_request_rate,
     pruning_metrics,
 )
-from sglang_evs.testing.server import Launch, running_server, running_servers
+from sglang_evs.testing.server import running_server
 from sglang_evs.testing.workload import send_alone, send_together
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
-from evs_oracle import keep_mask as compute_retention_mask  # noqa: E402  (the keep-mask oracles written here)
-from evs_oracle import scores  # noqa: E402
-
 SERVER_RATE = 0.5
-GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -> 4 groups of 10x10
 
 
 def evs_count(q: float) -> int:
@@ -151,234 +151,6 @@ def test_same_video_at_two_rates_shares_no_cached_video(evs_server, tmp_path):
     assert other.cached_tokens < 20  # only the text before the video
 
 
-# --- the independent oracle: HF transformers' Qwen3-VL given the kept tokens and reference positions
-
-
-@cache
-def hf(model_dir: str):
-    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
-
-    return Qwen3VLForConditionalGeneration.from_pretrained(
-        model_dir, dtype=torch.float32
-    ).eval(), AutoProcessor.from_pretrained(model_dir)
-
-
-class HFReference(NamedTuple):
-    tokens: list[int]  # greedy, or the served ones where HF was made to follow them
-    prompt_tokens: int
-    logprobs: list[float]  # of each of those tokens
-    best_logprobs: list[float] | None = None  # where HF followed the served tokens: its best choice's at each step
-
-
-# Served vs HF, both float32 on CPU: the same weights through different kernels (SGLang's
-# torch_native attention and fused layers vs transformers' modules) round differently; measured
-# differences on these prompts stay under 1e-5 (Qwen3-VL) and 1e-4 (Qwen2-VL). A position rule
-# that renumbers the compacted sequence moves them by 0.5 or more (the control in
-# test_qwen2_vl_evs.py), so 1e-3 tells exact from inexact.
-HF_LOGPROB_TOLERANCE = 1e-3
-
-
-def assert_matches_hf(served, reference: HFReference, tolerance: float = HF_LOGPROB_TOLERANCE) -> None:
-    """The served greedy tokens are HF's and their logprobs HF's within `tolerance`. Where HF followed the
-    served tokens (`hf_greedy_decode`'s `forced`), a served token may be another than HF's best only where
-    the two are within `tolerance` of each other (in bfloat16, near-equal tokens may swap)."""
-    assert served.prompt_tokens == reference.prompt_tokens
-    assert served.output_ids == reference.tokens
-    worst = logprob_gap(served, reference)
-    assert worst < tolerance, f"logprobs differ from HF's by up to {worst:.2e} (tolerance {tolerance:.0e})"
-    if reference.best_logprobs is not None:
-        margin = max(best - got for best, got in zip(reference.best_logprobs, reference.logprobs, strict=True))
-        assert margin < tolerance, f"HF prefers another token by {margin:.2e} (tolerance {tolerance:.0e})"
-
-
-def hf_greedy_decode(
-    model, embeds: torch.Tensor, positions: torch.Tensor, offset: int, steps: int,
-    visual: torch.Tensor | None = None, deepstack: list[torch.Tensor] | None = None, ids: torch.Tensor | None = None,
-    forced: list[int] | None = None,
-) -> tuple[list[int], list[float], list[float]]:  # fmt: skip
-    """Greedy tokens and their logprobs from a transformers VLM's language model, without a KV cache.
-
-    embeds [T, D] and positions [3, 1, T]: the prompt as the language model gets it (pruned rows
-    already deleted); each generated token goes at position ``len(sequence) + offset`` on all three
-    axes. ``visual`` [T] bool and ``deepstack`` (per level [visual rows, D]): Qwen3-VL's deepstack
-    inputs, extended with False for generated tokens. ``ids`` [T]: the prompt's token ids, for a language
-    model that reads them beside the embeddings (Qwen4-Exp's per-layer embeddings), extended likewise.
-    ``forced``: the tokens to continue with (the served ones) instead of HF's greedy choices. Returns the
-    tokens, their logprobs and the best logprob at each step.
-    """
-    language_model, tokens, logprobs, best = model.model.language_model, [], [], []
-    for step in range(steps):
-        extra = {} if visual is None else {"visual_pos_masks": visual[None], "deepstack_visual_embeds": deepstack}
-        extra |= {} if ids is None else {"ple_input_ids": ids[None]}
-        out = language_model(inputs_embeds=embeds[None], position_ids=positions, use_cache=False, **extra)
-        scores = torch.log_softmax(model.lm_head(out.last_hidden_state[0, -1]).float(), dim=-1)
-        token = int(scores.argmax()) if forced is None else forced[step]
-        tokens.append(token)
-        logprobs.append(float(scores[token]))
-        best.append(float(scores.max()))
-        positions = torch.cat([positions, torch.full((3, 1, 1), embeds.shape[0] + offset)], dim=2)
-        embeds = torch.cat([embeds, language_model.embed_tokens(torch.tensor([token]))])
-        if visual is not None:
-            visual = torch.cat([visual, torch.tensor([False])])
-        if ids is not None:
-            ids = torch.cat([ids, torch.tensor([token])])
-    return tokens, logprobs, best
-
-
-def hf_greedy_on_kept(
-    model, embeds: torch.Tensor, positions: torch.Tensor, delta, keep: torch.Tensor, video_rows: torch.Tensor,
-    steps: int, shift_from_video: int = 0, shift_text_back: bool = False,
-    visual: torch.Tensor | None = None, deepstack: list[torch.Tensor] | None = None, ids: torch.Tensor | None = None,
-    forced: list[int] | None = None,
-) -> HFReference:  # fmt: skip
-    """The reference rule on a prompt HF laid out unpruned: the rows in ``keep`` [T] bool, at the positions
-    the model's own ``get_rope_index`` gave them (``positions`` [3, 1, T], changed in place; ``delta`` its
-    decode offset), greedily decoded (``hf_greedy_decode``; ``visual`` [T] bool, unpruned, and the kept
-    ``deepstack`` rows for Qwen3-VL; ``ids`` [T], unpruned, for Qwen4-Exp; ``forced``, the served tokens to
-    follow). ``video_rows`` [T] bool marks the
-    video's rows. Two controls: ``shift_from_video``, every token from the video's first row on (generated
-    ones too) moved by that many positions (a one-position error); ``shift_text_back``, the text after the
-    video moved back by the pruned count, as a rule that renumbers the compacted sequence would place it."""
-    pruned, index = int((~keep).sum()), torch.arange(keep.numel())
-    if shift_text_back:
-        positions[:, :, index > int(video_rows.nonzero().max())] -= pruned
-    if shift_from_video:
-        positions[:, :, index >= int(video_rows.nonzero().min())] += shift_from_video
-    offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
-    kept_visual = None if visual is None else visual[keep]
-    kept_ids = None if ids is None else ids[keep]
-    tokens, logprobs, best = hf_greedy_decode(
-        model, embeds[keep], positions[:, :, keep], offset, steps, kept_visual, deepstack, kept_ids, forced
-    )
-    return HFReference(tokens, int(keep.sum()), logprobs, None if forced is None else best)
-
-
-def hf_pruned_greedy(
-    model_dir: Path, clip: Path, q: float, steps: int = 8, keep_mask=compute_retention_mask, shift_from_video: int = 0
-) -> HFReference:
-    """The reference rule built from transformers' own modules, not this package: the kept tokens
-    (`keep_mask(rows, grid, m, q)`, an oracle written here) at their unpruned positions.
-    ``shift_from_video`` is the control: every token from the video's first pad on (generated ones
-    too) moved by that many positions (a one-position error)."""
-    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
-    from sglang.srt.utils.common import load_video
-
-    model, processor = hf(str(model_dir))
-    prompt = chat_prompt(VIDEO)  # the same text the server gets
-    frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
-    inputs = processor(
-        text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False, return_tensors="pt"
-    )
-    ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
-    cfg = model.config
-    with torch.no_grad():
-        positions, delta = model.model.get_rope_index(ids[None], inputs["mm_token_type_ids"], video_grid_thw=grid)
-        feats = model.model.get_video_features(inputs["pixel_values_videos"], grid)
-        main = torch.cat(list(feats.pooler_output))
-        levels = [torch.cat(list(per_video)) for per_video in feats.deepstack_features]
-        mask = keep_mask(torch.cat([main, *levels], dim=1), grid[0], cfg.vision_config.spatial_merge_size, q)
-        is_pad = ids == cfg.video_token_id
-        keep = torch.ones_like(ids, dtype=torch.bool)
-        keep[is_pad] = mask
-        embeds = model.model.language_model.embed_tokens(ids)
-        embeds[is_pad] = main
-        deepstack = [level[mask] for level in levels]
-        return hf_greedy_on_kept(model, embeds, positions, delta, keep, is_pad, steps, shift_from_video,
-                                 visual=is_pad, deepstack=deepstack)  # fmt: skip
-
-
-# --- the rule's positions, against which traced forwards are checked
-
-
-@cache
-def rule_positions(model_dir: str, clip: str, kept: tuple[int, ...]) -> tuple[torch.Tensor, int]:
-    """The video prompt's kept tokens at the positions transformers' `get_rope_index` gives them in the
-    unpruned sequence ([3, kept tokens]), and the offset of every later token (its position minus its
-    index in the pruned sequence: the unpruned delta plus the pruned count)."""
-    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
-    from sglang.srt.utils.common import load_video
-    from transformers import AutoProcessor
-
-    model = load_in_transformers(model_dir)
-    processor = AutoProcessor.from_pretrained(model_dir)
-    frames, metadata = asyncio.run(preprocess_video(load_video(clip, use_gpu=False)))
-    inputs = processor(text=[chat_prompt(VIDEO)], videos=[frames], video_metadata=[metadata],
-                       do_sample_frames=False, return_tensors="pt")  # fmt: skip
-    ids = inputs["input_ids"][0]
-    positions, delta = model.model.get_rope_index(
-        ids[None], inputs["mm_token_type_ids"], video_grid_thw=inputs["video_grid_thw"]
-    )
-    keep = torch.ones_like(ids, dtype=torch.bool)
-    pads = (ids == model.config.video_token_id).nonzero().flatten()
-    keep[pads] = False
-    keep[pads[list(kept)]] = True
-    return positions[:, 0, keep], int(delta) + int((~keep).sum())
-
-
-def expected_positions(event: dict, rule: torch.Tensor, offset: int) -> torch.Tensor:
-    """[3, rows] the rule gives the rows of one forward of the traced request (its only sequence):
-    prompt rows at their index; afterwards `index + offset` on all three axes. Rows pair with
-    the positions upstream pairs them with: a draft row holds token t's hidden state and position
-    with token t+1's embedding; a draft decode step the position of the last token it saw. A target's
-    decode step (no speculation) is its sequence's last token."""
-    rows, (seq_len,) = event["rows"], event["seq_lens"]
-    first = {  # the sequence index of the forward's first row
-        "EXTEND": seq_len - rows,
-        "TARGET_VERIFY": seq_len,
-        "DRAFT_EXTEND_V2": seq_len - rows,
-        "DECODE": seq_len if event["model"] == "draft" else seq_len - rows,
-    }[event["mode"]]
-    index = torch.arange(first, first + rows)
-    prompt = index < rule.shape[1]
-    out = (index + offset).expand(3, rows).clone()
-    out[:, prompt] = rule[:, index[prompt]]
-    return out
-
-
-MASK_TIE = 1e-3  # score gap within which SGLang's and HF's encoders may rank two rows differently
-
-
-def unseen_clip(trace_path: Path, kind: str, tag: str) -> Path:
-    """A clip of ``kind`` no earlier request sent, so the server encodes it (and traces its mask)
-    instead of reusing cached features."""
-    seed = 1000 + sum(map(ord, f"{kind}{tag}"))
-    return media.write_clip(trace_path.parent / f"unseen-{kind}-{tag}.mp4", kind, num_frames=16, fps=4, seed=seed)
-
-
-def served_mask(trace_path: Path):
-    """The keep-mask the server used for its last encoded video, as an oracle `mask_oracle` argument
-    (send an `unseen_clip`: a cached video is not encoded again)."""
-    kept = trace.read(trace_path, "keep_mask")[-1]["kept"]
-
-    def mask(rows, grid, spatial_merge_size, q):
-        out = torch.zeros(rows.shape[0], dtype=torch.bool)
-        out[kept] = True
-        return out
-
-    return mask
-
-
-def checked_mask(served_mask: Callable, seen: dict) -> Callable:
-    """The server's keep-mask as `hf_greedy`'s `keep_mask`, keeping what HF computed it on for a check."""
-
-    def mask(rows, grid, merge, q):
-        seen["served"], seen["args"] = served_mask(rows, grid, merge, q), (rows, grid, merge, q)
-        return seen["served"]
-
-    return mask
-
-
-def assert_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q, tie: float = MASK_TIE):
-    """The server's mask is the oracle's on HF's features, except rows whose scores are within `tie` of
-    the cut-off (static background scores ~0; the two encoders' rounding then picks among equals)."""
-    oracle = compute_retention_mask(oracle_rows, grid, merge, q)
-    row_scores = torch.tensor(scores(oracle_rows, grid, merge))
-    cutoff = float(row_scores[oracle].min())
-    differ = (served ^ oracle).nonzero().flatten()
-    assert int(served.sum()) == int(oracle.sum())
-    assert all(abs(float(row_scores[i]) - cutoff) < tie for i in differ), "the masks differ beyond ties"
-
-
 @pytest.mark.parametrize("q", [0.5, 0.75])
 @pytest.mark.parametrize("clip", ["noise", "moving"])
 def test_greedy_tokens_equal_hf_oracle(evs_server, evs_trace, tiny_model_dir, q, clip):
@@ -402,63 +174,6 @@ def test_the_tolerance_tells_a_one_position_error(evs_server, evs_trace, tiny_mo
 
 
 # --- chunked prefill and the radix cache see the same positions
-
-
-def assert_same_generation(got, want, context) -> None:
-    """Tokens exactly; logprobs to 1e-4. Chunked prefill and radix hits compute attention in other
-    pieces than one prefill does, which rounds differently on CPU (upstream too: ~1e-7 here); a
-    wrong position moves logprobs by orders of magnitude more."""
-    assert got.output_ids == want.output_ids, context
-    assert logprob_gap(got, want) < 1e-4, context
-    got_top = [[t for _, t in step] for step in got.top_logprobs]
-    assert got_top == [[t for _, t in step] for step in want.top_logprobs], context
-
-
-# Graph-mode chunk servers capture prefill graphs up to 64 tokens (SGLang's default stops below the chunk
-# size for 33 or 50), so that their full chunks replay too, padded to the 48- or 64-token bucket.
-GRAPH_CHUNK_ARGS = ("--cuda-graph-max-bs-prefill", "64")
-
-
-def served_in_chunks(
-    model_dir: Path, cases: list, chunk_sizes, server_args: list[str], log_dir: Path, graph_chunk: int | None = None
-) -> dict:
-    """chunk size (None: SGLang's default) -> (first replies, repeated replies) of `cases`, one
-    server per size, started together; the repeats must hit the radix cache. The server of
-    `graph_chunk` runs in graph mode (`sglang_evs.testing.server`), as a GPU serves by default."""
-    launches, graph_trace = [], log_dir / "graph-trace.jsonl"
-    for chunk in chunk_sizes:
-        graphs = chunk is not None and chunk == graph_chunk
-        args = [*server_args, *(["--chunked-prefill-size", str(chunk)] if chunk else []), *(GRAPH_CHUNK_ARGS * graphs)]
-        env = {trace.ENV: str(graph_trace)} if graphs else None
-        launches.append(Launch(model_dir, log_dir / f"chunk-{chunk}.log", args, env, graph_mode=graphs))
-    results = {}
-    with running_servers(*launches) as servers:
-        for chunk, server in zip(chunk_sizes, servers, strict=True):
-            first = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
-            again = [generate(server.base_url, p, **kw)[0] for p, kw in cases]
-            assert all(a.cached_tokens > 0 for a in again), f"chunk size {chunk}: no radix hit"
-            results[chunk] = first, again
-    if graph_chunk is not None:
-        assert_media_prefills_and_decodes_replayed(graph_trace)
-    return results
-
-
-def assert_media_prefills_and_decodes_replayed(trace_path: Path) -> list[dict]:
-    """A graph-mode server replayed prefill graphs for media-carrying forwards, reading the model's position
-    buffer, and decode graphs, reading SGLang's static M-RoPE positions (`sglang_evs.graph_trace`). Returns
-    the media prefills' replays."""
-    replays = trace.read(trace_path, "graph_replay")
-    prefills = [r for r in replays if r["phase"] == "prefill" and r["media"]]
-    assert prefills and {r["positions_from"] for r in prefills} == {"graph_inputs"}
-    decodes = [r for r in replays if r["phase"] == "decode"]
-    assert decodes and {r["positions_from"] for r in decodes} == {"mrope_positions"}
-    return prefills
-
-
-def assert_chunks_equal(results: dict, reference: list, context: str) -> None:
-    for chunk, (first, again) in results.items():
-        for got, want in zip([*first, *again], [*reference, *reference], strict=True):
-            assert_same_generation(got, want, f"{context}, chunk size {chunk}")
 
 
 @pytest.mark.slow
@@ -503,7 +218,7 @@ def test_mixed_media_requests_equal_each_request_alone(evs_server, evs_trace, cl
     assert any(replay["requests"] > 1 for replay in media_prefills)
     for one, many in zip(alone, together, strict=True):
         assert many.prompt_tokens == one.prompt_tokens
-        assert_same_generation(many, one, "batched vs alone")  # batched CPU GEMMs round differently
+        assert_same_greedy(many, one, "batched vs alone")  # batched CPU GEMMs round differently
 
 
 def test_images_are_never_pruned(evs_server, media_dir):

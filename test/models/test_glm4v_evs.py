@@ -14,7 +14,6 @@ oracle case fails.
 """
 
 import dataclasses
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -25,6 +24,14 @@ import torch
 from sglang_evs import trace
 from sglang_evs.methods import METHODS
 from sglang_evs.testing import media
+from sglang_evs.testing.chunked import assert_media_prefills_and_decodes_replayed
+from sglang_evs.testing.compare import assert_same_greedy
+from sglang_evs.testing.hf_reference import (
+    HFReference,
+    assert_masks_agree_up_to_ties,
+    assert_matches_hf,
+    hf_greedy_on_kept,
+)
 from sglang_evs.testing.requests import (
     GLM4V_IMAGE,
     GLM4V_VIDEO,
@@ -39,16 +46,6 @@ from sglang_evs.testing.requests import (
 )
 from sglang_evs.testing.server import Launch, running_servers
 from sglang_evs.testing.workload import send_alone, send_together
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_evs_serving import (  # noqa: E402
-    HFReference,
-    assert_masks_agree_up_to_ties,
-    assert_matches_hf,
-    assert_media_prefills_and_decodes_replayed,
-    assert_same_generation,
-    hf_greedy_on_kept,
-)
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -440,7 +437,7 @@ def test_29_token_chunks_and_radix_repeats_equal_one_chunk(servers, clips, image
         first, again = (generate(servers["chunked"].base_url, prompt, **kwargs, **own)[0] for _ in range(2))
         assert again.cached_tokens > 0, "no radix hit"
         for got in (first, again):
-            assert_same_generation(got, want, f"{CHUNK}-token chunks vs one, {setting}")
+            assert_same_greedy(got, want, f"{CHUNK}-token chunks vs one, {setting}")
         method = "vidcom2" if default else "evs"
         assert (first.meta["video_pruning_method"], want.meta["video_pruning_method"]) == (method, method)
     assert_media_prefills_and_decodes_replayed(servers["trace", "chunked"])
@@ -458,7 +455,7 @@ def test_glm45v_in_graph_mode_prunes_as_in_eager_mode(servers, clips, images):
         want = generate(servers[MOE, "on"].base_url, prompt, **kwargs, **setting)[0]
         got = generate(servers["graphs"].base_url, prompt, **kwargs, **setting)[0]
         assert got.prompt_tokens == want.prompt_tokens
-        assert_same_generation(got, want, f"GLM-4.5V graph mode vs eager, {setting}")
+        assert_same_greedy(got, want, f"GLM-4.5V graph mode vs eager, {setting}")
     assert_media_prefills_and_decodes_replayed(servers["trace", "graphs"])
 
 
@@ -489,4 +486,4 @@ def test_concurrent_mixed_requests_equal_each_alone(servers, architecture, clips
     assert shared_forwards > 0 and cached < prompt_tokens // 4, (shared_forwards, cached, prompt_tokens)
     for one, many in zip(alone, together, strict=True):
         assert many.prompt_tokens == one.prompt_tokens
-        assert_same_generation(many, one, "batched vs alone")
+        assert_same_greedy(many, one, "batched vs alone")

@@ -15,7 +15,6 @@ through the same mechanism as EVS: the plugin servers also answer requests that 
 """
 
 import asyncio
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -27,6 +26,20 @@ import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import media
+from sglang_evs.testing.compare import assert_same_generation
+from sglang_evs.testing.evs_oracle import keep_mask as evs_keep_mask
+from sglang_evs.testing.hf_reference import (
+    MASK_TIE,
+    HFReference,
+    assert_masks_agree_up_to_ties,
+    assert_matches_hf,
+    checked_mask,
+    expected_positions,
+    hf_greedy_on_kept,
+    load_in_transformers,
+    rule_positions,
+    served_mask,
+)
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -40,25 +53,8 @@ from sglang_evs.testing.requests import (
     pruning_metrics,
 )
 from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.vidcom2_oracle import keep_mask as vidcom2_keep_mask
 from sglang_evs.testing.workload import replayed_padded, send_alone, send_together
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
-from evs_oracle import keep_mask as evs_keep_mask  # noqa: E402  (the oracles written here)
-from test_evs_serving import (  # noqa: E402
-    MASK_TIE,
-    HFReference,
-    assert_masks_agree_up_to_ties,
-    assert_matches_hf,
-    checked_mask,
-    expected_positions,
-    hf_greedy_on_kept,
-    rule_positions,
-    served_mask,
-)
-from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
-
-from conftest import assert_same_generation, load_in_transformers  # noqa: E402
 
 pytestmark = pytest.mark.slow  # 17 servers, a few at a time
 

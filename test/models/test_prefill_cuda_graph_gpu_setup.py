@@ -4,7 +4,9 @@ import argparse
 from pathlib import Path
 
 import pytest
-from test_prefill_cuda_graph_gpu import (
+
+from sglang_evs.testing.gpu import route_args, without_graphs
+from sglang_evs.testing.prefill_graph_gpu import (
     CHECKS,
     CHUNK,
     PRUNED,
@@ -14,8 +16,6 @@ from test_prefill_cuda_graph_gpu import (
     gpu_server_args,
     serving_all,
 )
-
-from sglang_evs.testing.gpu import route_args, without_graphs
 from sglang_evs.testing.server import CPU_ROUTE_ENV, server_environment
 
 

@@ -6,7 +6,6 @@ Qwen3-VL: exact counts, an HF oracle, chunked prefill and radix hits, mixed medi
 """
 
 import asyncio
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -15,6 +14,18 @@ import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import media
+from sglang_evs.testing.chunked import assert_chunks_equal, served_in_chunks
+from sglang_evs.testing.compare import assert_same_greedy
+from sglang_evs.testing.evs_oracle import keep_mask
+from sglang_evs.testing.hf_reference import (
+    HFReference,
+    assert_masks_agree_up_to_ties,
+    assert_matches_hf,
+    checked_mask,
+    hf_greedy_on_kept,
+    served_mask,
+    unseen_clip,
+)
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -28,24 +39,8 @@ from sglang_evs.testing.requests import (
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
+from sglang_evs.testing.vidcom2_oracle import keep_mask as vidcom2_keep_mask
 from sglang_evs.testing.workload import send_alone, send_together
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
-from evs_oracle import keep_mask  # noqa: E402  (the keep-mask oracles written here)
-from test_evs_serving import (  # noqa: E402
-    HFReference,
-    assert_chunks_equal,
-    assert_masks_agree_up_to_ties,
-    assert_matches_hf,
-    assert_same_generation,
-    checked_mask,
-    hf_greedy_on_kept,
-    served_in_chunks,
-    served_mask,
-    unseen_clip,
-)
-from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -140,7 +135,7 @@ def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served
     assert shared_forwards > 0 and cached < prompt_tokens // 4, (shared_forwards, cached, prompt_tokens)
     for one, many in zip(alone, together, strict=True):
         assert many.prompt_tokens == one.prompt_tokens
-        assert_same_generation(many, one, "batched vs alone")
+        assert_same_greedy(many, one, "batched vs alone")
 
 
 def test_chunked_prefill_and_radix_hits_equal_single_chunk(served, clips, media_dir, tmp_path):

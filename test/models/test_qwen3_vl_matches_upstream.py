@@ -11,17 +11,14 @@ Inside the plugin server, an event trace shows where deepstack went. SGLang's MM
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from sglang_evs import trace
 from sglang_evs.bench import mmmu_fixture
+from sglang_evs.testing.chunked import assert_media_prefills_and_decodes_replayed
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, logprob_gap, media_kwargs
 from sglang_evs.testing.server import Launch, running_servers
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_evs_serving import assert_media_prefills_and_decodes_replayed  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 

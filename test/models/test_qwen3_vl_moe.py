@@ -6,13 +6,14 @@ repeat, on a server in graph mode (its MoE layers replay too), give the tokens a
 unchunked eager prefill.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from sglang_evs.methods import METHODS
 from sglang_evs.testing import media
+from sglang_evs.testing.chunked import assert_chunks_equal, served_in_chunks
+from sglang_evs.testing.media import GROUPS, TOKENS_PER_GROUP
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -23,9 +24,6 @@ from sglang_evs.testing.requests import (
     per_request_rate,
 )
 from sglang_evs.testing.server import running_server
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_evs_serving import GROUPS, TOKENS_PER_GROUP, assert_chunks_equal, served_in_chunks  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

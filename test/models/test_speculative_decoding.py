@@ -19,7 +19,6 @@ draft really drafts: a head that failed to load would accept none.
 
 import json
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -28,9 +27,11 @@ import pytest
 import requests
 import torch
 
-from conftest import assert_same_generation, load_benchmark
 from sglang_evs import trace
 from sglang_evs.testing import media
+from sglang_evs.testing.benchmarks import load_benchmark
+from sglang_evs.testing.compare import assert_same_generation
+from sglang_evs.testing.hf_reference import expected_positions, rule_positions
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -42,9 +43,6 @@ from sglang_evs.testing.requests import (
 )
 from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 from sglang_evs.testing.workload import replayed_padded, send_alone, send_together
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_evs_serving import expected_positions, rule_positions  # noqa: E402  (the rule, shared)
 
 pytestmark = pytest.mark.slow  # twelve servers
 

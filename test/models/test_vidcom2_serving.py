@@ -5,13 +5,14 @@ The server's default is VidCom2 at `video_pruning_rate` 0.5 (vLLM's pair of sett
 names the method, the rate or both in `mm_processor_kwargs`, and what it leaves out is the server's.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 
 from sglang_evs.testing import media
+from sglang_evs.testing.chunked import assert_chunks_equal, served_in_chunks
+from sglang_evs.testing.hf_reference import assert_matches_hf, hf_pruned_greedy
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -23,11 +24,7 @@ from sglang_evs.testing.requests import (
     pruning_metrics,
 )
 from sglang_evs.testing.server import Launch, running_servers
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "methods"))
-from test_evs_serving import assert_chunks_equal, assert_matches_hf, hf_pruned_greedy, served_in_chunks  # noqa: E402
-from vidcom2_oracle import keep_mask as vidcom2_keep_mask  # noqa: E402  (the oracle written here)
+from sglang_evs.testing.vidcom2_oracle import keep_mask as vidcom2_keep_mask
 
 SERVER_RATE = 0.5
 GROUPS, TOKENS_PER_GROUP = 4, 100  # a 16-frame 4 fps clip -> 8 sampled frames -> 4 groups of 10x10

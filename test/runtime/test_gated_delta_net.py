@@ -386,7 +386,6 @@ def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu(cpu_route):
     """A fresh interpreter, as SGLang's scheduler: the GDN modules import, bind our functions,
     and GDNAttnBackend runs an extend and a decode through them."""
     code = f"""
-        import sys
         import torch
         import sglang.srt.layers.attention.linear.gdn_backend as backend
         import sglang.srt.layers.attention.linear.kernels.gdn_triton as kernels
@@ -407,9 +406,11 @@ def test_sglang_gdn_backend_resolves_the_stand_ins_on_cpu(cpu_route):
         except ImportError:
             print("unknown mamba name -> ImportError")
         print("wired")
-        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
-        import test_gated_delta_net
-        test_gated_delta_net.check_backend_forward()
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("test_gated_delta_net", {os.path.abspath(__file__)!r})
+        this_module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(this_module)
+        this_module.check_backend_forward()
     """
     stdout = cpu_route(code)
     assert "unknown mamba name -> ImportError" in stdout

@@ -1,1 +1,3 @@
-"""Offline test fixtures: a tiny random Qwen3-VL checkpoint and synthetic media."""
+"""The test tooling: tiny random checkpoints (`tiny_model`), synthetic media, servers and requests, and the
+helpers the tests share (oracles, the HF reference, comparisons), imported from here rather than from test
+modules."""

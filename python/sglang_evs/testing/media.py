@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 
 CLIP_KINDS = ("static", "moving", "noise")
+# A 16-frame 4 fps clip (`write_clip(..., num_frames=16, fps=4)`) on the tiny Qwen3-VL: 8 sampled frames ->
+# 4 groups of 10x10 tokens.
+GROUPS, TOKENS_PER_GROUP = 4, 100
 
 
 def background(height: int, width: int, seed: int) -> np.ndarray:

@@ -154,3 +154,19 @@ def counter_increase(
 ) -> dict[str, float]:
     """How much each of one method's counters grew between two `pruning_metrics` readings: name -> increase."""
     return {name: value - before.get((name, m), 0.0) for (name, m), value in after.items() if m == method}
+
+
+def serve(base_url: str, alone: dict[str, tuple[str, dict]], batched: dict, setting: dict) -> dict:
+    """Each case of `alone` by itself, a radix repeat of its last, and the `batched` request (`text`,
+    `image_data`, `video_data`), all at `setting`, each from an empty radix cache (chunk boundaries after a
+    cache hit depend on what was cached)."""
+    flush_cache(base_url)
+    out = {name: generate(base_url, prompt, max_new_tokens=10, **kwargs, **setting)[0]
+           for name, (prompt, kwargs) in alone.items()}  # fmt: skip
+    prompt, kwargs = list(alone.values())[-1]
+    out["radix repeat"] = generate(base_url, prompt, max_new_tokens=10, **kwargs, **setting)[0]
+    flush_cache(base_url)
+    prompts = batched["text"]
+    media = {key: batched[key] for key in ("image_data", "video_data")}
+    out["batch"] = generate(base_url, prompts, max_new_tokens=10, **media, **setting)
+    return out

@@ -4,8 +4,9 @@
         [--config-json '{"text_config": {"num_hidden_layers": 3}}'] [--seed 0]
     python -m sglang_evs.testing.tiny_model OUT_DIR --eagle3-draft-for TARGET
 
-This module is the entry: the registry of architectures (`ARCHITECTURES`, `BUILDERS`), `build_tiny_model`
-and the CLI. Each family is a module of its own beside the shared core (`tiny_core.py`), its docstring
+This module is the entry: the registry (`BUILDERS`: architecture -> a builder with one call,
+`builder(out_dir, profile, seed, config_overrides, **options)`, see `TinyBuilder`), `build_tiny_model` and
+the CLI. Each family is a module of its own beside the shared core (`tiny_core.py`), its docstring
 describing it:
   tiny_qwen_vl.py      Qwen3VLForConditionalGeneration (default), Qwen3VLMoeForConditionalGeneration,
                        Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration,
@@ -16,9 +17,11 @@ describing it:
   tiny_qwen3_omni.py   Qwen3OmniMoeForConditionalGeneration (the thinker)
   tiny_qwen4_exp.py    Qwen4ExpForConditionalGeneration
   tiny_nemotron_vl.py  NemotronH_Nano_VL_V2 (config and tokenizer only)
-  tiny_eagle3.py       an EAGLE3 draft for a tiny Qwen3-VL (`build_eagle3_draft`, `--eagle3-draft-for`)
-A new family is a module of its own: `Architecture` entries for the shared path (`tiny_core.build`), or a
-`build(out_dir, config_overrides, seed, profile)` of its own; then one line in this module's registry.
+  tiny_eagle3.py       LlamaForCausalLMEagle3: an EAGLE3 draft for a tiny Qwen3-VL (option `target_dir`;
+                       `--eagle3-draft-for`)
+A new family is a module of its own: `Architecture` entries for the shared path (`tiny_core.build`,
+registered as `SharedPathBuilder`s), or a `build(out_dir, config_overrides, seed, profile)` and `PROFILES`
+of its own (registered as an `OwnBuilder`); then one line in this module's registry.
 
 Profiles:
   tiny   seconds on CPU; for correctness tests. Every architecture has one.
@@ -36,8 +39,10 @@ import argparse
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Protocol
 
 from sglang_evs.testing import (
     tiny_core,
@@ -54,26 +59,106 @@ from sglang_evs.testing.tiny_eagle3 import build_eagle3_draft
 from sglang_evs.testing.tiny_qwen_vl import DEFAULT_ARCHITECTURE, MTP_BLOCK_SCALE, QWEN_ARCHITECTURES, mtp_layers
 
 __all__ = [
-    "ARCHITECTURES", "BUILDERS", "DEFAULT_ARCHITECTURE", "MTP_BLOCK_SCALE", "QWEN_ARCHITECTURES", "build_config",
-    "build_eagle3_draft", "build_tiny_model", "build_tiny_qwen3_vl", "build_tokenizer", "builders_digest", "main",
-    "mtp_layers",
+    "BUILDERS", "DEFAULT_ARCHITECTURE", "EAGLE3_ARCHITECTURE", "MTP_BLOCK_SCALE", "QWEN_ARCHITECTURES",
+    "Eagle3DraftBuilder", "OwnBuilder", "SharedPathBuilder", "TinyBuilder", "build_config", "build_eagle3_draft",
+    "build_tiny_model", "build_tiny_qwen3_vl", "build_tokenizer", "builders_digest", "main", "mtp_layers",
 ]  # fmt: skip
 
-# The registry. Families built by the shared path: architecture -> its `tiny_core.Architecture`.
-ARCHITECTURES: dict[str, tiny_core.Architecture] = {
-    **tiny_qwen_vl.ARCHITECTURES,
-    **tiny_gemma3.ARCHITECTURES,
-    **tiny_llava.ARCHITECTURES,
-    **tiny_glm4v.ARCHITECTURES,
-}
-# Families that write their checkpoint themselves: architecture -> `build(out_dir, config_overrides, seed, profile)`.
-BUILDERS = {
-    family.ARCHITECTURE: family.build
-    for family in (
-        tiny_qwen3_omni,
-        tiny_nemotron_vl,  # config and tokenizer only: served with --load-format dummy
-        tiny_qwen4_exp,
-    )
+
+class TinyBuilder(Protocol):
+    """How every architecture's tiny checkpoint is made: `builder(out_dir, profile, seed, config_overrides,
+    **options)` writes it to out_dir and returns the path; `profiles` are the profiles it has."""
+
+    profiles: tuple[str, ...]
+
+    def __call__(
+        self, out_dir: str | Path, profile: str = "tiny", seed: int = 0,
+        config_overrides: Mapping[str, Any] | None = None, **options: Any,
+    ) -> Path: ...  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SharedPathBuilder:
+    """A family built by the shared path (`tiny_core.build`) from its `tiny_core.Architecture` entry; it also
+    writes the profile, seed and overrides (sglang_evs_profile.json)."""
+
+    architecture: str
+    arch: tiny_core.Architecture
+
+    @property
+    def profiles(self) -> tuple[str, ...]:
+        return tuple(self.arch.profiles)
+
+    def __call__(
+        self, out_dir: str | Path, profile: str = "tiny", seed: int = 0,
+        config_overrides: Mapping[str, Any] | None = None,
+    ) -> Path:  # fmt: skip
+        out = tiny_core.build(out_dir, self.architecture, self.arch, profile, config_overrides, seed)
+        provenance: dict[str, Any] = {"profile": profile, "seed": seed}
+        if self.architecture != DEFAULT_ARCHITECTURE or config_overrides:
+            provenance |= {"architecture": self.architecture, "config_overrides": dict(config_overrides or {})}
+        (out / "sglang_evs_profile.json").write_text(json.dumps(provenance))
+        return out
+
+    def config(self, profile: str, tokenizer=None, config_overrides: Mapping[str, Any] | None = None) -> Any:
+        """The config at the profile, wired to the tokenizer, with the overrides merged in."""
+        return tiny_core.build_config(self.architecture, self.arch, profile, tokenizer, config_overrides)
+
+
+@dataclass(frozen=True)
+class OwnBuilder:
+    """A family that writes its checkpoint itself: its module's `build(out_dir, config_overrides, seed,
+    profile)` and `PROFILES`."""
+
+    family: ModuleType
+
+    @property
+    def profiles(self) -> tuple[str, ...]:
+        return tuple(self.family.PROFILES)
+
+    def __call__(
+        self, out_dir: str | Path, profile: str = "tiny", seed: int = 0,
+        config_overrides: Mapping[str, Any] | None = None,
+    ) -> Path:  # fmt: skip
+        return self.family.build(out_dir, config_overrides, seed, profile)
+
+
+EAGLE3_ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@dataclass(frozen=True)
+class Eagle3DraftBuilder:
+    """An EAGLE3 draft for the tiny Qwen3-VL at the option `target_dir` (`tiny_eagle3.build_eagle3_draft`):
+    its shapes are the target's, so it has one profile and takes no overrides."""
+
+    profiles: tuple[str, ...] = ("tiny",)
+
+    def __call__(
+        self, out_dir: str | Path, profile: str = "tiny", seed: int = 0,
+        config_overrides: Mapping[str, Any] | None = None, *, target_dir: str | Path | None = None,
+    ) -> Path:  # fmt: skip
+        tiny_core.profile_of(dict.fromkeys(self.profiles), profile, EAGLE3_ARCHITECTURE)
+        if target_dir is None or config_overrides:
+            raise ValueError("an EAGLE3 draft takes its shapes from target_dir (the target), not from overrides")
+        return build_eagle3_draft(out_dir, target_dir, seed)
+
+
+# The registry: architecture -> its builder, one protocol for every family.
+BUILDERS: dict[str, TinyBuilder] = {
+    **{
+        architecture: SharedPathBuilder(architecture, arch)
+        for family in (tiny_qwen_vl, tiny_gemma3, tiny_llava, tiny_glm4v)
+        for architecture, arch in family.ARCHITECTURES.items()
+    },
+    **{
+        family.ARCHITECTURE: OwnBuilder(family)
+        for family in (
+            tiny_qwen3_omni,
+            tiny_nemotron_vl,  # config and tokenizer only: served with --load-format dummy
+            tiny_qwen4_exp,
+        )
+    },
+    EAGLE3_ARCHITECTURE: Eagle3DraftBuilder(),
 }
 
 
@@ -83,24 +168,22 @@ def build_tiny_model(
     profile: str = "tiny",
     config_overrides: Mapping[str, Any] | None = None,
     seed: int = 0,
+    **options: Any,
 ) -> Path:
-    """Write config, seeded random bf16 weights, tokenizer, processor and chat template to out_dir (see the
-    family's module); the shared path also writes the profile, seed and overrides (sglang_evs_profile.json)."""
-    if architecture in BUILDERS:
-        return BUILDERS[architecture](out_dir, config_overrides, seed, profile)
-    out = tiny_core.build(out_dir, architecture, ARCHITECTURES[architecture], profile, config_overrides, seed)
-    provenance: dict[str, Any] = {"profile": profile, "seed": seed}
-    if architecture != DEFAULT_ARCHITECTURE or config_overrides:
-        provenance |= {"architecture": architecture, "config_overrides": dict(config_overrides or {})}
-    (out / "sglang_evs_profile.json").write_text(json.dumps(provenance))
-    return out
+    """Write the architecture's checkpoint to out_dir through its builder (`BUILDERS`): config, seeded random
+    bf16 weights, tokenizer, processor and chat template, as the family's module describes."""
+    return BUILDERS[architecture](out_dir, profile, seed, config_overrides, **options)
 
 
 def build_config(
     architecture: str, profile: str, tokenizer=None, config_overrides: Mapping[str, Any] | None = None
 ) -> Any:
-    """The architecture's config at the profile, wired to the tokenizer, with the overrides merged in."""
-    return tiny_core.build_config(architecture, ARCHITECTURES[architecture], profile, tokenizer, config_overrides)
+    """The architecture's config at the profile, wired to the tokenizer, with the overrides merged in (the
+    shared-path families: their builder's `config`)."""
+    builder = BUILDERS[architecture]
+    if not isinstance(builder, SharedPathBuilder):
+        raise ValueError(f"{architecture} writes its config itself: build it with build_tiny_model")
+    return builder.config(profile, tokenizer, config_overrides)
 
 
 def build_tiny_qwen3_vl(out_dir: str | Path, profile: str = "tiny", seed: int = 0) -> Path:
@@ -120,7 +203,7 @@ def builders_digest() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument("--architecture", choices=[*ARCHITECTURES, *BUILDERS], default=DEFAULT_ARCHITECTURE)
+    parser.add_argument("--architecture", choices=list(BUILDERS), default=DEFAULT_ARCHITECTURE)
     parser.add_argument("--profile", choices=sorted(PROFILES), default="tiny")
     parser.add_argument("--config-json", type=json.loads, default={}, help="config overrides, a JSON object")
     parser.add_argument("--seed", type=int, default=0)
@@ -128,7 +211,8 @@ def main() -> None:
                         help="write an EAGLE3 draft for the tiny Qwen3-VL at TARGET instead of a model")  # fmt: skip
     args = parser.parse_args()
     if args.eagle3_draft_for:
-        print(f"wrote an EAGLE3 draft to {build_eagle3_draft(args.out_dir, args.eagle3_draft_for, args.seed)}")
+        draft = build_tiny_model(args.out_dir, EAGLE3_ARCHITECTURE, seed=args.seed, target_dir=args.eagle3_draft_for)
+        print(f"wrote an EAGLE3 draft to {draft}")
         return
     path = build_tiny_model(args.out_dir, args.architecture, args.profile, args.config_json, args.seed)
     print(f"wrote {args.architecture} ({args.profile}) to {path}")

@@ -40,6 +40,7 @@ VOCABULARY = Vocabulary(
     pad="<|endoftext|>",
     bos="<s>",
 )
+PROFILES = {"tiny": None}  # its one profile
 
 
 def build(
@@ -49,7 +50,7 @@ def build(
     bfloat16, since SGLang's RADIO path casts pixels to bfloat16 and the tower would not take float32
     weights. No weights are written, so `seed` draws nothing: SGLang's dummy loader seeds its own. `tiny` is
     its one profile."""
-    profile_of({"tiny": None}, profile, ARCHITECTURE)
+    profile_of(PROFILES, profile, ARCHITECTURE)
     tokenizer = build_tokenizer(vocabulary=VOCABULARY)
     tokenizer.add_special_tokens({"unk_token": "<unk>"})
     out = Path(out_dir)
