@@ -55,8 +55,12 @@ def request_bodies(media: Path) -> dict[str, dict]:
 
 
 def server_args(backend: str) -> list[str]:
-    return ["--device", "cuda", "--cuda-graph-backend-prefill", backend, "--mem-fraction-static", "0.35",
-            "--cuda-graph-bs-prefill", "64", "128", "256", "512", "1024", "--disable-radix-cache"]  # fmt: skip
+    """The GPU route's flags (Triton attention, no sgl_kernel or flashinfer needed) in bfloat16, what a GPU serves."""
+    from sglang_evs.testing.gpu import route_args
+
+    return [*route_args(), "--dtype", "bfloat16", "--cuda-graph-backend-prefill", backend,
+            "--mem-fraction-static", "0.35", "--cuda-graph-bs-prefill", "64", "128", "256", "512", "1024",
+            "--disable-radix-cache"]  # fmt: skip
 
 
 def graph_replays(trace_path: Path) -> int:

@@ -61,3 +61,9 @@ def test_a_timed_request_that_replayed_no_graph_stops_the_run(bench, tmp_path, m
 def test_both_servers_prefill_every_timed_prompt_in_full(bench):
     for backend in ("breakable", "disabled"):
         assert "--disable-radix-cache" in bench.server_args(backend)
+
+
+def test_both_servers_serve_bfloat16_on_the_gpu_route(bench):
+    for backend in ("breakable", "disabled"):
+        args = bench.server_args(backend)
+        assert args[args.index("--attention-backend") + 1] == "triton" and args[args.index("--dtype") + 1] == "bfloat16"
