@@ -161,7 +161,8 @@ def media_dir(tmp_path_factory) -> Path:
     media.write_image(out / "image2.png", seed=5)
     for kind in media.CLIP_KINDS:
         media.write_clip(out / f"{kind}.mp4", kind, num_frames=8, fps=4)
-    media.write_tone(out / "tone.m4a")
+    if media.video_writer() == "pyav":  # the GPU machine has no PyAV: no sound there, no test of it either
+        media.write_tone(out / "tone.m4a")
     return out
 
 

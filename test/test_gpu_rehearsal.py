@@ -127,6 +127,21 @@ print(json.dumps({{"len": len(reader), "fps": reader.get_avg_fps(), "shape": lis
     assert out["gap"] <= 2 and out["wrapped_gap"] <= 2 and out["neighbour_gap"] > 2, out
 
 
+def test_the_gpu_checks_collect_and_build_their_inputs_with_the_images_packages(rehearsal):
+    """What the graph check runs on the GPU machine, run here in the image's packages (no PyAV: clips written with
+    OpenCV; transformers 5.17.0 builds the tiny model): every GPU test module collects (their GPU tests skip
+    here) and the CPU-side checks of the GPU test's servers, cases and benchmark pass, fixtures included."""
+    env = clean_environment(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", HF_HUB_OFFLINE="1",
+                            TRANSFORMERS_OFFLINE="1", **TORCH_2_11_ENV)  # fmt: skip
+    modules = ["test/runtime/test_sgl_kernel_torch.py", "test/runtime/test_gpu_route.py",
+               "test/models/test_prefill_cuda_graph_gpu.py", "test/models/test_prefill_cuda_graph_gpu_setup.py",
+               "test/bench/test_bench_gpu_ttft.py"]  # fmt: skip
+    done = run([str(rehearsal["python"]), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                "-rs", *modules], timeout=900, env=env)  # fmt: skip
+    summary = done.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, done.stdout[-3000:]
+
+
 @pytest.mark.parametrize("inputs", ["built-here", "as-on-the-gpu-machine"])
 def test_serves_a_video_pruned_at_three_quarters(rehearsal, inputs, request, tmp_path):
     """The CPU route in the rehearsal's Python 3.12. `built-here`: the tiny model built by this checkout's venv
@@ -150,3 +165,5 @@ def test_serves_a_video_pruned_at_three_quarters(rehearsal, inputs, request, tmp
     assert report["video_tokens_kept"] < report["video_tokens_before"], report
     assert report["prompt_tokens_pruned"] < report["prompt_tokens_unpruned"], report
     assert report["chat_status"] == 200 and report["python"].startswith("3.12"), report
+    # as on the GPU machine, where the GPU tests' fixtures write their clips the same way: no PyAV, OpenCV
+    assert report["clip_writer"] == ("given" if inputs == "built-here" else "opencv"), report

@@ -21,27 +21,11 @@ from pathlib import Path
 
 import requests
 
-from sglang_evs.testing import server
+from sglang_evs.testing import media, server
 from sglang_evs.testing.requests import VIDEO, chat_prompt, generate, per_request_rate
 
 # Where sglang_evs.runtime.gpu_route does not exist (yet): SGLang's own backends that need no sgl_kernel build.
 FALLBACK_GPU_ARGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.5")
-
-
-def write_clip_cv2(path: Path, num_frames: int = 8, fps: int = 4) -> Path:
-    """The test suite's `moving` clip (media.clip_frames), as MPEG-4 Part 2 written by OpenCV."""
-    import cv2
-
-    from sglang_evs.testing.media import clip_frames
-
-    frames = clip_frames("moving", num_frames=num_frames)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, frames.shape[2:0:-1])
-    for frame in frames:
-        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-    writer.release()
-    if not path.is_file() or path.stat().st_size == 0:
-        raise RuntimeError(f"OpenCV wrote no clip at {path}")
-    return path
 
 
 def gpu_server_args() -> tuple[tuple[str, ...], str]:
@@ -57,7 +41,7 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), required=True)
     parser.add_argument("--work", type=Path, required=True, help="folder for the model, clip and server log")
     parser.add_argument("--model", type=Path, help="a tiny checkpoint (default: build one into --work)")
-    parser.add_argument("--clip", type=Path, help="an mp4 clip (default: write one with OpenCV into --work)")
+    parser.add_argument("--clip", type=Path, help="an mp4 clip (default: the suite's moving clip written into --work)")
     parser.add_argument("--rate", type=float, default=0.75)
     parser.add_argument("--timeout", type=float, default=300, help="seconds for the server to come up")
     parser.add_argument("--report", type=Path, help="JSON report (default: WORK/serve-check.json)")
@@ -73,7 +57,9 @@ def main() -> int:
             args.model = args.work / "tiny-qwen3-vl"
             if not (args.model / "config.json").is_file():
                 tiny_model.build_tiny_model(args.model)
-        clip = args.clip or write_clip_cv2(args.work / "moving.mp4")
+        # the suite's clip as the GPU tests' fixtures write it there: with OpenCV where PyAV is absent
+        clip = args.clip or media.write_clip(args.work / "moving.mp4", "moving", num_frames=8, fps=4)
+        report["clip_writer"] = "given" if args.clip else media.video_writer()
         report["setup_s"] = round(time.monotonic() - started, 1)
         if args.device == "cuda":
             extra, report["server_args_from"] = gpu_server_args()

@@ -12,6 +12,7 @@ needs torchaudio, which the CPU route does not install.
 """
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -57,9 +58,19 @@ def clip_frames(
     return frames
 
 
+def video_writer() -> str:
+    """What `write_mp4` encodes with here: "pyav" (H.264, near-lossless) where PyAV is installed, else "opencv"
+    (MPEG-4 Part 2: the GPU machine has OpenCV, whose FFmpeg it bundles, and no PyAV)."""
+    return "pyav" if importlib.util.find_spec("av") is not None else "opencv"
+
+
 def write_mp4(path: str | Path, frames: np.ndarray, fps: int = 4, soundtrack: np.ndarray | None = None) -> Path:
     """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p, near-lossless) with PyAV; `soundtrack` (mono
-    float32 samples at SOUND_RATE) as an AAC stream beside them."""
+    float32 samples at SOUND_RATE) as an AAC stream beside them. Without PyAV, silent clips only, with OpenCV."""
+    if video_writer() == "opencv":
+        if soundtrack is not None:
+            raise RuntimeError("a clip with a soundtrack needs PyAV (the `av` package), which is not installed")
+        return write_mp4_opencv(path, frames, fps)
     import av
 
     path = Path(path)
@@ -78,6 +89,21 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: int = 4, soundtrack: np
             container.mux(packet)
         if sound is not None:
             _encode_sound(container, sound, soundtrack)
+    return path
+
+
+def write_mp4_opencv(path: str | Path, frames: np.ndarray, fps: int = 4) -> Path:
+    """uint8 RGB [T, H, W, 3] frames as MPEG-4 Part 2 written by OpenCV."""
+    import cv2
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, frames.shape[2:0:-1])
+    for frame in frames:
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+    if not path.is_file() or path.stat().st_size == 0:
+        raise RuntimeError(f"OpenCV wrote no clip at {path}")
     return path
 
 
