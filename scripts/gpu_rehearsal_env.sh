@@ -4,6 +4,7 @@
 # (test/test_gpu_rehearsal.py). torch 2.11.0's PyPI wheel is a CUDA build: its nvidia-* dependencies come
 # along (about 3-4 GB) and it runs on CPU. Idempotent: a second run with unchanged inputs returns at once.
 #   bash scripts/gpu_rehearsal_env.sh [VENV]      (default .cache/gpu-rehearsal/venv; PYTHON312 picks python3.12)
+# Exit status 3: no Python 3.12 on this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.cache/gpu-rehearsal/venv}
@@ -18,7 +19,7 @@ for candidate in ${PYTHON312:-} python3.12 /root/.pyenv/versions/3.12*/bin/pytho
     python312=$candidate; break
   fi
 done
-[ -n "$python312" ] || { echo "need Python 3.12 (set PYTHON312)" >&2; exit 1; }
+[ -n "$python312" ] || { echo "need Python 3.12 (set PYTHON312)" >&2; exit 3; }  # 3: the rehearsal test skips
 start=$(date +%s)
 rm -rf "$venv"
 "$python312" -m venv "$venv"
