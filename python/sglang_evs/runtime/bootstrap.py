@@ -10,18 +10,14 @@ without sglang-kernel (`SGLANG_EVS_GPU_ROUTE=1`, `gpu_route`). Neither acts wher
 installed.
 """
 
-import importlib.util
 import os
 import sys
 
 
 def sglang_cpu_fixes_wanted() -> bool:
-    if os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
-        return False
-    try:
-        return importlib.util.find_spec("sgl_kernel") is None
-    except (ImportError, ValueError):
-        return True
+    from sglang_evs.runtime.import_fixes import sgl_kernel_installed
+
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and not sgl_kernel_installed()
 
 
 def install() -> None:

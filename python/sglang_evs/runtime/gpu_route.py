@@ -20,10 +20,8 @@ it imports the Qwen3-VL CUDA server path through this hook and reports each `sgl
 """
 
 import argparse
-import importlib
 import importlib.abc
 import importlib.machinery
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -66,10 +64,9 @@ def wanted() -> bool:
         return False
     if any(isinstance(finder, GpuImportFixes) for finder in sys.meta_path):
         return True
-    try:
-        return importlib.util.find_spec("sgl_kernel") is None
-    except (ImportError, ValueError):
-        return True
+    from sglang_evs.runtime.import_fixes import sgl_kernel_installed
+
+    return not sgl_kernel_installed()
 
 
 def _asker() -> str:

@@ -230,6 +230,14 @@ class CpuImportFixes(importlib.abc.MetaPathFinder):
         return None  # let the regular finders import the real module
 
 
+def sgl_kernel_installed() -> bool:
+    """Whether a real `sgl_kernel` is importable (then neither route stands in for it)."""
+    try:
+        return importlib.util.find_spec("sgl_kernel") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def spec_then(
     asker: importlib.abc.MetaPathFinder,
     fullname: str,
