@@ -23,6 +23,21 @@ import torch.nn.functional as F
 from sglang_evs.runtime.torch_ops import gemma_rms_norm, rms_normalised
 
 
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    """`result` written into `out` (and `out` returned) where the caller gave one, as the kernels do."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def _add_to_residual(input: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual [T, D] += input [T, D], in place; the float32 sum, which the fused norms normalise."""
+    total = input.float() + residual.float()
+    residual.copy_(total)
+    return total
+
+
 def rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -32,11 +47,7 @@ def rmsnorm(
 ) -> torch.Tensor:
     """RMS norm of each row of input [T, D] times weight [D], computed in float32; written to out [T, D]
     when given (and returned)."""
-    result = (rms_normalised(input, eps) * weight.float()).to(input.dtype)
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
+    return _into(out, (rms_normalised(input, eps) * weight.float()).to(input.dtype))
 
 
 def fused_add_rmsnorm(
@@ -47,9 +58,7 @@ def fused_add_rmsnorm(
     enable_pdl: bool | None = None,
 ) -> None:
     """In place: residual [T, D] += input [T, D]; input = RMS norm of the float32 sum times weight [D]."""
-    total = input.float() + residual.float()
-    residual.copy_(total)
-    input.copy_(rms_normalised(total, eps) * weight.float())
+    input.copy_(rms_normalised(_add_to_residual(input, residual), eps) * weight.float())
 
 
 def gemma_rmsnorm(
@@ -60,11 +69,7 @@ def gemma_rmsnorm(
     enable_pdl: bool | None = None,
 ) -> torch.Tensor:
     """Gemma's RMS norm of input [T, D]: scaled by (1 + weight [D]), in float32; into out when given."""
-    result = gemma_rms_norm(input, weight, eps)
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
+    return _into(out, gemma_rms_norm(input, weight, eps))
 
 
 def gemma_fused_add_rmsnorm(
@@ -75,19 +80,13 @@ def gemma_fused_add_rmsnorm(
     enable_pdl: bool | None = None,
 ) -> None:
     """In place: residual [T, D] += input; input = Gemma RMS norm (scale 1 + weight [D]) of the float32 sum."""
-    total = input.float() + residual.float()
-    residual.copy_(total)
-    input.copy_(gemma_rms_norm(total, weight, eps))
+    input.copy_(gemma_rms_norm(_add_to_residual(input, residual), weight, eps))
 
 
 def _gated(act: Callable[[torch.Tensor], torch.Tensor], input: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """act(first half) * second half of input [..., 2H] -> [..., H], in float32, into out when given."""
     gate, up = input.float().chunk(2, dim=-1)
-    result = (act(gate) * up).to(input.dtype)
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
+    return _into(out, (act(gate) * up).to(input.dtype))
 
 
 def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
