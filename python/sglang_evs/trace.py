@@ -50,3 +50,16 @@ def record(event: str, **fields) -> None:
 def read(path: str | os.PathLike, event: str) -> list[dict]:
     with open(path) as lines:
         return [entry for entry in map(json.loads, lines) if entry["event"] == event]
+
+
+def settle(device) -> bool:
+    """Wait for the kernels queued on `device` (a torch.device), so that a traced timing covers them rather
+    than their launch; False, without waiting, inside a graph capture, where nothing has run yet and waiting
+    would fail the capture (the device's own module: the CPU route's graph stand-in refuses it as CUDA does)."""
+    import torch
+
+    module = torch.get_device_module(device)
+    if getattr(module, "is_current_stream_capturing", bool)():
+        return False
+    module.synchronize()
+    return True

@@ -180,13 +180,7 @@ def forward_through_routine(model, input_ids, positions, forward_batch, get_embe
 def _trace_forward(forward_batch, input_ids, start: float) -> None:
     """Per-stage timing (trace only): the whole extend forward, encoders included (see
     `pruning/videos.py` for the encoder's and the mask's share). A graph capture (a target-verify or
-    draft-extend graph captures the whole forward) is not timed: no kernel ran, and waiting for the
-    device fails a CUDA capture (the device's module, not `torch.cuda`, so the CPU route's stand-in
-    refuses it as CUDA does)."""
-    if not forward_batch.forward_mode.is_extend():
+    draft-extend graph captures the whole forward) is not timed (`trace.settle`)."""
+    if not forward_batch.forward_mode.is_extend() or not trace.settle(input_ids.device):
         return
-    device = torch.get_device_module(input_ids.device)
-    if getattr(device, "is_current_stream_capturing", bool)():
-        return
-    device.synchronize()
     trace.record("extend_forward", tokens=int(input_ids.shape[0]), ms=(time.perf_counter() - start) * 1e3)

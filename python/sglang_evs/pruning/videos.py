@@ -110,13 +110,11 @@ class PrunedVideos:
     def _timed_encode(self, items: list) -> torch.Tensor:
         if not trace.enabled():
             return self.encode(items)
-        synchronize = getattr(torch.get_device_module(self.embed_tokens.weight.device), "synchronize", None)
-        if synchronize is not None:  # traced only: on a GPU the tower's kernels, not their launch, are timed
-            synchronize()
+        device = self.embed_tokens.weight.device
+        trace.settle(device)  # on a GPU the tower's kernels, not their launch, are timed
         start = time.perf_counter()
         encoded = self.encode(items)
-        if synchronize is not None:
-            synchronize()
+        trace.settle(device)
         patches = sum(encoder_patches(item) for item in items)
         trace.record("video_encoded", items=[item.hash for item in items], patches=patches,
                      ms=(time.perf_counter() - start) * 1e3)  # fmt: skip
