@@ -98,24 +98,25 @@ class CpuGraph(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.refuse_what_cuda_refuses(func, args, kwargs)
+        inputs = [value for value in _flat([*args, *kwargs.values()]) if isinstance(value, torch.Tensor)]
+        self.refuse_what_cuda_refuses(func, args, kwargs, inputs)
         self._running = True
         try:
             out = func(*args, **kwargs)
         finally:
             self._running = False
         self.ops.append((func, args, kwargs, out))
-        self._mark_computed(func, args, kwargs, out)
+        self._mark_computed(func, args, kwargs, inputs, out)
         return out
 
     def is_computed(self, tensor: Any) -> bool:
         """Whether `tensor` holds a value computed inside this capture (see the module's docstring)."""
         return isinstance(tensor, torch.Tensor) and tensor.numel() > 0 and _storage(tensor) in self.computed
 
-    def refuse_what_cuda_refuses(self, func, args: tuple, kwargs: dict) -> None:
-        """Raise `CaptureError` if CUDA's capture would fail at this op (the module's docstring says when)."""
-        tensors = [value for value in _flat([*args, *kwargs.values()]) if isinstance(value, torch.Tensor)]
-        computed = any(map(self.is_computed, tensors))
+    def refuse_what_cuda_refuses(self, func, args: tuple, kwargs: dict, inputs: list[torch.Tensor]) -> None:
+        """Raise `CaptureError` if CUDA's capture would fail at this op (the module's docstring says when);
+        `inputs`: the tensors among its arguments."""
+        computed = any(map(self.is_computed, inputs))
         if func in _READS_BACK and computed:
             raise _refused(func, f"{_READS_BACK[func]} reads a value computed in the capture")
         if func in _SHAPE_FROM_DATA and computed:
@@ -132,10 +133,10 @@ class CpuGraph(TorchDispatchMode):
                     return  # CUDA assigns one host value under a mask with `masked_fill_`
             raise _refused(func, "indexing with a boolean mask computed in the capture")
 
-    def _mark_computed(self, func, args: tuple, kwargs: dict, out: Any) -> None:
-        inputs = {_storage(t) for t in _flat([*args, *kwargs.values()]) if isinstance(t, torch.Tensor)}
+    def _mark_computed(self, func, args: tuple, kwargs: dict, inputs: list[torch.Tensor], out: Any) -> None:
+        read = {_storage(tensor) for tensor in inputs}
         for value in _flat([out]):
-            if isinstance(value, torch.Tensor) and _storage(value) not in inputs:
+            if isinstance(value, torch.Tensor) and _storage(value) not in read:
                 self.computed.add(_storage(value))  # a fresh result (views and in-place results are inputs')
         schema = func._schema
         for position, argument in enumerate(schema.arguments):
