@@ -5,7 +5,7 @@ ideal; prefill CUDA graphs against eager, side by side.
         [--size 448x448] [--fps 2] [--rates 0 0.5 0.75] [--method evs] [--output bench.json]
     python benchmark/bench_gpu_ttft.py --smoke [--model-path TINY]   # CPU, tiny model, seconds: the plumbing
 
-Two servers at once on one GPU, both the GPU route's (`sglang_evs.testing.gpu.route_args`) in bfloat16 with
+Two servers at once on one GPU, both the GPU route's (`sglang_evs.runtime.gpu_route.SERVER_ARGS`) in bfloat16 with
 random weights (`--load-format dummy`) on the Qwen3-VL-8B-shaped config (`testing/qwen3_vl_8b_shape.py`):
 `graph` with SGLang's defaults (decode graphs, breakable prefill graphs; buckets of 256-4096 tokens, so that
 a prompt pads at most 2x) and `eager` (prefill graphs off). Clips from `bench/make_video_dataset.py` (half
@@ -40,10 +40,11 @@ BUCKETS = (256, 512, 1024, 2048, 4096)  # prefill graph buckets (tokens): each a
 def gpu_server_args(prefill_graphs: bool, chunk: int = BUCKETS[-1]) -> list[str]:
     """One side's server: the GPU route in bfloat16 with random weights; prefill graphs on (SGLang's
     default backend) or off."""
-    from sglang_evs.testing.gpu import route_args, without_prefill_graphs
+    from sglang_evs.runtime.gpu_route import SERVER_ARGS
+    from sglang_evs.testing.gpu import without_prefill_graphs
 
     args = [
-        *route_args(), "--dtype", "bfloat16", "--load-format", "dummy", "--chunked-prefill-size", str(chunk),
+        *SERVER_ARGS, "--dtype", "bfloat16", "--load-format", "dummy", "--chunked-prefill-size", str(chunk),
         "--cuda-graph-bs-prefill", *(str(b) for b in BUCKETS if b <= chunk), "--cuda-graph-max-bs-decode", "4",
         "--mem-fraction-static", "0.4", "--context-length", "32768",
     ]  # fmt: skip
@@ -58,10 +59,10 @@ SMOKE_ARGS = ["--dtype", "float32", "--chunked-prefill-size", "256", "--cuda-gra
 
 def launch(model: str, work: Path, side: str, trace_path: Path, smoke: bool):
     """The server of one side (`testing.server.Launch`), traced; --smoke: a CPU server."""
-    from sglang_evs.testing.gpu import ROUTE_ENV
+    from sglang_evs.testing.gpu import ROUTE_ON
     from sglang_evs.testing.server import Launch
 
-    env = {"SGLANG_EVS_TRACE": str(trace_path), **({} if smoke else ROUTE_ENV)}
+    env = {"SGLANG_EVS_TRACE": str(trace_path), **({} if smoke else ROUTE_ON)}
     args = SMOKE_ARGS if smoke else gpu_server_args(side == "graph")
     return Launch(model, work / f"{side}.log", args, env, cpu=smoke, graph_mode=smoke)
 

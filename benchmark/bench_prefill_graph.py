@@ -56,9 +56,9 @@ def request_bodies(media: Path) -> dict[str, dict]:
 
 def server_args(backend: str) -> list[str]:
     """The GPU route's flags (Triton attention, no sgl_kernel or flashinfer needed) in bfloat16, what a GPU serves."""
-    from sglang_evs.testing.gpu import route_args
+    from sglang_evs.runtime.gpu_route import SERVER_ARGS
 
-    return [*route_args(), "--dtype", "bfloat16", "--cuda-graph-backend-prefill", backend,
+    return [*SERVER_ARGS, "--dtype", "bfloat16", "--cuda-graph-backend-prefill", backend,
             "--mem-fraction-static", "0.35", "--cuda-graph-bs-prefill", "64", "128", "256", "512", "1024",
             "--disable-radix-cache"]  # fmt: skip
 

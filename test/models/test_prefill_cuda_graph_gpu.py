@@ -1,5 +1,5 @@
 """GPU only: the tiny Qwen3-VL served as a GPU serves it, in bfloat16 on the GPU route (SGLang's Triton
-attention backend, `sglang_evs.testing.gpu.route_args`), with SGLang's graph defaults: decode CUDA graphs, and
+attention backend, `sglang_evs.runtime.gpu_route.SERVER_ARGS`), with SGLang's graph defaults: decode CUDA graphs, and
 breakable prefill graphs, which the plugin turns on for Qwen3-VL.
 
 Run on the CUDA machine without the CPU environment (`bash scripts/gpu_graph_check.sh` does):

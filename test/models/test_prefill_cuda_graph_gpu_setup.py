@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_evs.testing.gpu import route_args, without_graphs
+from sglang_evs.runtime.gpu_route import SERVER_ARGS
+from sglang_evs.testing.gpu import without_graphs
 from sglang_evs.testing.prefill_graph_gpu import (
     CHECKS,
     CHUNK,
@@ -45,7 +46,7 @@ def test_gpu_server_arguments_parse_in_sglang_in_bfloat16_on_triton():
 
 
 def test_route_arguments_select_the_triton_backend_without_flashinfer():
-    args = route_args()
+    args = SERVER_ARGS
     assert args[args.index("--attention-backend") + 1] == "triton"
     assert args[args.index("--sampling-backend") + 1] == "pytorch"
     assert not any("flashinfer" in value for value in args if not value.startswith("--"))

@@ -8,8 +8,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sglang_evs import trace
+from sglang_evs.runtime.gpu_route import SERVER_ARGS
 from sglang_evs.testing.compare import assert_same_generation
-from sglang_evs.testing.gpu import ROUTE_ENV, route_args, without_graphs
+from sglang_evs.testing.gpu import ROUTE_ON, without_graphs
 from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
@@ -33,7 +34,7 @@ def gpu_server_args() -> list[str]:
     """The plugin's and upstream's GPU server: the route's flags, bfloat16, 64-token chunks, graphs as
     SGLang sets them (prefill buckets up to the chunk size), decode graphs for batches up to 8."""
     return [
-        *route_args(), "--dtype", "bfloat16", "--chunked-prefill-size", str(CHUNK),
+        *SERVER_ARGS, "--dtype", "bfloat16", "--chunked-prefill-size", str(CHUNK),
         "--cuda-graph-max-bs-decode", "8", "--max-total-tokens", "16384", "--mem-fraction-static", "0.15",
     ]  # fmt: skip
 
@@ -125,9 +126,9 @@ def launches(model_dir: Path, work: Path, trace_path: Path, on_gpu: bool = True)
         ]
     args = gpu_server_args()
     return [
-        Launch(model_dir, work / "graphs.log", args, {**ROUTE_ENV, **traced}, cpu=False),
-        Launch(model_dir, work / "upstream.log", args, {**ROUTE_ENV, **upstream}, cpu=False),
-        Launch(model_dir, work / "eager.log", without_graphs(args), ROUTE_ENV, cpu=False),
+        Launch(model_dir, work / "graphs.log", args, {**ROUTE_ON, **traced}, cpu=False),
+        Launch(model_dir, work / "upstream.log", args, {**ROUTE_ON, **upstream}, cpu=False),
+        Launch(model_dir, work / "eager.log", without_graphs(args), ROUTE_ON, cpu=False),
     ]
 
 
