@@ -2,9 +2,10 @@
 
 import os
 
-import pytest
-
 from sglang_evs.testing import warm_start
+
+# These checks fork `python -m json.tool`: their warm interpreters need not import SGLang first.
+LIGHT = {warm_start.PRELOAD_ENV: "json.tool"}
 
 
 def test_a_warm_start_runs_the_module_as_python_m_would_in_its_own_session(tmp_path):
@@ -14,7 +15,7 @@ def test_a_warm_start_runs_the_module_as_python_m_would_in_its_own_session(tmp_p
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"
     good.write_text('{"a": 1}')
     bad.write_text("{")
-    env = {**os.environ, "SGLANG_EVS_TRACE": str(tmp_path / "unused.jsonl")}
+    env = {**os.environ, **LIGHT, "SGLANG_EVS_TRACE": str(tmp_path / "unused.jsonl")}
     ok = warm_start.start("json.tool", [str(good)], env, str(tmp_path / "ok.log"), None)
     assert ok.wait(timeout=120) == 0 and '"a": 1' in (tmp_path / "ok.log").read_text()
     failed = warm_start.start("json.tool", [str(bad)], env, str(tmp_path / "failed.log"), None)
@@ -22,11 +23,10 @@ def test_a_warm_start_runs_the_module_as_python_m_would_in_its_own_session(tmp_p
     assert len({warm_start.import_key(env), warm_start.import_key({**env, "OTHER": "1"})}) == 2
 
 
-@pytest.mark.slow  # the test tooling's own check: about 40 s of interpreters started and closed
 def test_the_test_name_pytest_sets_does_not_count_and_idle_warm_interpreters_are_closed(tmp_path):
     """pytest names the running test in the environment: servers of different tests share a warm
     interpreter. Once more import-time environments than `KEPT_IDLE` were used, the oldest idle ones close."""
-    base = {**os.environ, "PYTEST_CURRENT_TEST": "a"}
+    base = {**os.environ, **LIGHT, "PYTEST_CURRENT_TEST": "a"}
     assert warm_start.import_key(base) == warm_start.import_key({**base, "PYTEST_CURRENT_TEST": "b"})
     good = tmp_path / "good.json"
     good.write_text("{}")

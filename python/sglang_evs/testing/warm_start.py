@@ -33,6 +33,9 @@ RUNTIME_ENV = frozenset({
 })  # fmt: skip
 KEPT_IDLE = 2  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
 PRELOAD = ("sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang_evs.launch_server")
+# Comma-separated modules a warm interpreter imports instead of `PRELOAD` (the launcher's own checks start
+# interpreters that need no SGLang); an import-time variable, so such interpreters are never a server's.
+PRELOAD_ENV = "SGLANG_EVS_WARM_PRELOAD"
 
 
 class WarmProcess:
@@ -172,7 +175,8 @@ def _session_of(pid: int) -> int | None:
 def _serve() -> None:
     import importlib
 
-    for name in PRELOAD:
+    preload = os.environ.get(PRELOAD_ENV)
+    for name in preload.split(",") if preload else PRELOAD:
         importlib.import_module(name)
     out = sys.stdout
     for line in sys.stdin:
