@@ -2,14 +2,17 @@
 # The test command (README, CI): sets up everything from nothing, then runs lint and the suite.
 #   bash scripts/run_tests.sh            the full suite (what CI runs)
 #   bash scripts/run_tests.sh --quick    unit and single-server tests only (pytest -m "not slow"), for everyday work
+#   bash scripts/run_tests.sh --rehearsal   the GPU machine's setup rehearsed on CPU (docs/gpu-route.md), before a
+#                                           device call or after touching scripts/gpu_*; not part of the two above
 # Any other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 source scripts/cpu_env.sh
 .venv/bin/ruff check python test benchmark scripts setup.py
-if [ "${1:-}" = "--quick" ]; then
-  shift
-  set -- -m "not slow" "$@"
-fi
+case "${1:-}" in
+  --quick) shift; set -- -m "not slow and not rehearsal" "$@" ;;
+  --rehearsal) shift; set -- -m rehearsal "$@" ;;
+  *) set -- -m "not rehearsal" "$@" ;;
+esac
 .venv/bin/python -m pytest test --durations=15 "$@"  # the slowest tests, for whoever trims CI time

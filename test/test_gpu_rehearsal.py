@@ -4,8 +4,9 @@ PyPI CUDA build, run on CPU), transformers 5.17.0 and the rest of the machine's 
 machine installs it (scripts/gpu_run.sh's install step: offline, no dependencies); then SGLang 0.5.23 with
 sglang-evs imports there and serves the tiny Qwen3-VL a video pruned at q = 0.75 (scripts/gpu_pack/
 serve_check.py). The only wheel added beyond the carried set is the CPU route's .pth (sglang-evs-cpu-route),
-since this machine has no GPU. Slow: the first run downloads about 4 GB and builds a 5.5 GB venv under
-.cache/gpu-rehearsal/ (3 min here), later runs reuse it."""
+since this machine has no GPU. Its own tier (`bash scripts/run_tests.sh --rehearsal`), run before a device
+call or after a change to the GPU scripts, not in the everyday or CI suites: the first run downloads about
+4 GB and builds a 5.5 GB venv under .cache/gpu-rehearsal/ (3 min here), later runs reuse it."""
 
 import json
 import os
@@ -19,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.rehearsal  # its own tier: `bash scripts/run_tests.sh --rehearsal`
 
 REHEARSAL = CACHE / "gpu-rehearsal"
 # As scripts/gpu_run.sh sets it: SGLang's bundled Rust radix-tree core (built against torch 2.14.1) panics on

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -169,11 +170,17 @@ def start_server(
 def run_to_exit(
     model_path: str | Path, extra_args: Sequence[str] = (), timeout: float = 240
 ) -> subprocess.CompletedProcess:
-    """A CPU server run in the foreground until it exits by itself (a refusal at startup), output captured."""
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-           *cpu_server_args(model_path), *extra_args]  # fmt: skip
-    environment = server_environment(cpu=True, server_args=extra_args)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environment)
+    """A CPU server run until it exits by itself (a refusal at startup), forked from the warm interpreter as
+    `start_server` forks a server (`COLD_START_ENV=1`: a fresh process); its output is `stdout`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        process = start_server(model_path, log, extra_args)
+        try:
+            returncode = process.wait(timeout=timeout)
+        finally:
+            stop(process)
+        cmd = ["python", "-m", "sglang.launch_server", "--model-path", str(model_path), *extra_args]
+        return subprocess.CompletedProcess(cmd, returncode, log.read_text(errors="replace"), "")
 
 
 def spawn(
