@@ -31,6 +31,9 @@ from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 pytestmark = pytest.mark.slow
 
 ARGS = ["--dtype", "float32", "--chunked-prefill-size", "64"]
+# Decode graphs for batches of up to 8 (this module sends 3 at most): a pipeline stage captures each batch size in
+# about 2.5 s on CPU, and SGLang's default list has 24 of them.
+PP_GRAPHS = ["--cuda-graph-max-bs-decode", "8"]
 PRUNINGS = {"evs q=0.75": per_request_rate(0.75), "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2")}
 
 
@@ -62,8 +65,8 @@ def served(tiny_qwen3_vl_six_layers_dir, media_dir, tmp_path_factory):
     prefill graphs off for pipeline parallelism and replays decode graphs on each stage."""
     folder = tmp_path_factory.mktemp("pipeline")
     plans = {
-        "upstream pp2": (["--pp-size", "2"], {"SGLANG_PLUGINS": "none"}, {"q=0": {}}),
-        "plugin pp2": (["--pp-size", "2"], {}, {"q=0": {}, **PRUNINGS}),
+        "upstream pp2": (["--pp-size", "2", *PP_GRAPHS], {"SGLANG_PLUGINS": "none"}, {"q=0": {}}),
+        "plugin pp2": (["--pp-size", "2", *PP_GRAPHS], {}, {"q=0": {}, **PRUNINGS}),
         "plugin pp1": ([], {}, PRUNINGS),
     }
     launches = [
