@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import requests
 
@@ -266,6 +267,39 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
     finally:
         for process in processes:
             stop(process)
+
+
+# Prefill/decode disaggregation over Mooncake's transfer engine, by TCP (its default is RDMA). The engine
+# picks its RPC and TCP data ports at random in 15000-17000 by default, inside PORT_WINDOW, when a port
+# handed out there may still wait for its server: it picks them between SGLang's random range and the
+# kernel's ephemeral one instead.
+PD_ENV = {"MOONCAKE_PROTOCOL": "tcp", "MC_MIN_RPC_PORT": "30000", "MC_MAX_RPC_PORT": "32000"}
+PD_TRANSFER_ARGS = ("--disaggregation-transfer-backend", "mooncake")
+
+
+class PdLaunches(NamedTuple):
+    """A prefill server and a decode server (`Launch`es for `running_servers`), and the port the prefill
+    server's bootstrap listens on (the router names it beside the prefill URL)."""
+
+    prefill: Launch
+    decode: Launch
+    bootstrap_port: int
+
+
+def pd_launches(
+    model_path: str | Path, folder: str | Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> PdLaunches:
+    """A PD pair on the model with `extra_args` (each server's), logs `prefill.log` and `decode.log` in
+    `folder`; started by `running_servers` like any other servers, put behind `router.running_pd_router`."""
+    bootstrap_port = free_port()
+    environment = {**PD_ENV, **(env or {})}
+    prefill = Launch(model_path, Path(folder) / "prefill.log", [
+        *extra_args, *PD_TRANSFER_ARGS,
+        "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bootstrap_port),
+    ], environment)  # fmt: skip
+    decode_args = [*extra_args, *PD_TRANSFER_ARGS, "--disaggregation-mode", "decode"]
+    decode = Launch(model_path, Path(folder) / "decode.log", decode_args, environment)
+    return PdLaunches(prefill, decode, bootstrap_port)
 
 
 @contextmanager
