@@ -28,8 +28,9 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
       encoder prunes and sends a record per video with the kept rows, `pruning/disaggregated.py`;
       Mooncake publishes the row counts before the encoder has run), or of a model whose encoder path is
       inexact upstream or has not been run with pruning;
-    - prefill/decode disaggregation: never run with pruning (SGLang's KV transfer engines need RDMA or a
-      GPU; its prefill server refuses the test backend), so not proven exact.
+    - prefill/decode disaggregation: never run with pruning (a pair serves on the CPU route over Mooncake's
+      TCP transport, `test/e2e/test_pd_disaggregation.py`, but the decode server builds its own prompt and
+      positions), so not proven exact.
     """
     algorithm = getattr(server_args, "speculative_algorithm", None)
     if algorithm is not None and not draft_reads_target_positions(server_args, hf_config):
