@@ -73,3 +73,12 @@ def test_a_pd_pair_is_two_launches_over_mooncake_tcp_whose_ports_race_nobody(tmp
     assert 29999 < low < high < ephemeral_low and server.PORT_WINDOW.stop <= low
     # read when the transfer engine starts: a pair shares the warm interpreter of plain servers
     assert set(server.PD_ENV) <= server.warm_start.RUNTIME_ENV
+
+
+def test_a_decode_server_of_a_mixed_fleet_takes_its_own_arguments_and_environment(tmp_path):
+    pd = server.pd_launches(tmp_path, tmp_path, ["--dtype", "float32"], {"SGLANG_EVS_TRACE": "p.jsonl"})
+    plain = {"SGLANG_PLUGINS": "none"}
+    other = server.pd_decode_launch(tmp_path, tmp_path / "other.log", ["--dtype", "bfloat16"], plain)
+    assert other.extra_args == ["--dtype", "bfloat16", *pd.decode.extra_args[2:]]  # the same PD flags
+    assert other.env == {**server.PD_ENV, "SGLANG_PLUGINS": "none"} and "SGLANG_EVS_TRACE" not in other.env
+    assert pd.decode.env == pd.prefill.env  # a pair's decode server gets the pair's environment

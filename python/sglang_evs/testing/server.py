@@ -292,14 +292,22 @@ def pd_launches(
     """A PD pair on the model with `extra_args` (each server's), logs `prefill.log` and `decode.log` in
     `folder`; started by `running_servers` like any other servers, put behind `router.running_pd_router`."""
     bootstrap_port = free_port()
-    environment = {**PD_ENV, **(env or {})}
     prefill = Launch(model_path, Path(folder) / "prefill.log", [
         *extra_args, *PD_TRANSFER_ARGS,
         "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bootstrap_port),
-    ], environment)  # fmt: skip
-    decode_args = [*extra_args, *PD_TRANSFER_ARGS, "--disaggregation-mode", "decode"]
-    decode = Launch(model_path, Path(folder) / "decode.log", decode_args, environment)
+    ], {**PD_ENV, **(env or {})})  # fmt: skip
+    decode = pd_decode_launch(model_path, Path(folder) / "decode.log", extra_args, env)
     return PdLaunches(prefill, decode, bootstrap_port)
+
+
+def pd_decode_launch(
+    model_path: str | Path, log_path: str | Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> Launch:
+    """A decode server over Mooncake's TCP transport, for the prefill server of a `pd_launches` pair: one
+    prefill server may serve several decode servers (each behind a router of its own, `running_pd_router`),
+    which may differ from it in arguments and environment (a mixed fleet)."""
+    decode_args = [*extra_args, *PD_TRANSFER_ARGS, "--disaggregation-mode", "decode"]
+    return Launch(model_path, log_path, decode_args, {**PD_ENV, **(env or {})})
 
 
 @contextmanager
