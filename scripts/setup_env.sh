@@ -23,15 +23,27 @@ known_noise=(
 pip_install() {
   "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2> >(grep -v -E "${known_noise[@]}" >&2)
 }
-echo "[1/5] torch 2.13 (CPU build)"
+echo "[1/6] libibverbs.so.1 (Mooncake's transfer engine loads it even over TCP: prefill/decode disaggregation)"
+ldconfig_cmd=$(command -v ldconfig || echo /sbin/ldconfig)
+if "$ldconfig_cmd" -p 2>/dev/null | grep 'libibverbs\.so\.1 ' >/dev/null; then
+  echo "      found"
+else
+  echo "      missing: installing Debian's libibverbs1 with apt-get (the only system package this setup installs)"
+  apt_get() { if [ "$(id -u)" -eq 0 ]; then apt-get "$@"; else sudo apt-get "$@"; fi; }
+  if ! { apt_get install -y -q libibverbs1 || { apt_get update -q && apt_get install -y -q libibverbs1; }; } >/dev/null; then
+    echo "      WARNING: could not install libibverbs1; everything but prefill/decode disaggregation works" \
+         "('import mooncake.engine' fails): install it (apt-get install libibverbs1) and rerun" >&2
+  fi
+fi
+echo "[2/6] torch 2.13 (CPU build)"
 pip_install -c scripts/constraints-cpu.txt "torch==2.13.0+cpu"
-echo "[2/5] sglang 0.5.23 (without its GPU-only dependencies)"
+echo "[3/6] sglang 0.5.23 (without its GPU-only dependencies)"
 pip_install --no-deps "sglang==0.5.23"
-echo "[3/5] what SGLang needs at import on the CPU route (scripts/requirements-cpu.txt)"
+echo "[4/6] what SGLang needs at import on the CPU route (scripts/requirements-cpu.txt)"
 pip_install -c scripts/constraints-cpu.txt -r scripts/requirements-cpu.txt
-echo "[4/5] sglang-evs (editable)"
+echo "[5/6] sglang-evs (editable)"
 pip_install --no-deps --no-build-isolation -e .
-echo "[5/5] sglang-evs-cpu-route: starts the CPU runtime in every Python process (a GPU install has none of it)"
+echo "[6/6] sglang-evs-cpu-route: starts the CPU runtime in every Python process (a GPU install has none of it)"
 pip_install --no-deps --no-build-isolation ./scripts/cpu_route
 echo "$want" > "$STAMP"
 echo "environment ready: $VENV"

@@ -105,6 +105,10 @@ INTERNALS: dict[str, str] = {
     "SpeculativeAlgorithm": "sglang.srt.speculative.spec_info:SpeculativeAlgorithm",
     "ForwardContext": "sglang.srt.model_executor.forward_context:ForwardContext",
     "forward_context": "sglang.srt.model_executor.forward_context:forward_context",
+    # prefill/decode disaggregation (pruning/prefill_decode.py): a warm-up's transfer without a prefill server,
+    # and how a scheduler fails a request it holds for a transfer
+    "is_fake_transfer": "sglang.srt.disaggregation.utils:_is_fake_transfer",
+    "prepare_abort": "sglang.srt.disaggregation.utils:prepare_abort",
 }
 # What the plugin hooks (HookRegistry targets), name used in this package -> "module:attribute path".
 HOOK_TARGETS: dict[str, str] = {
@@ -136,6 +140,12 @@ HOOK_TARGETS: dict[str, str] = {
     "encoder_failed_request": "sglang.srt.disaggregation.encoder.receiver:MMReceiverBase.create_req",
     # a `--language-only` scheduler assembling a request's prompt from the rows its encoders sent
     "assemble_encoded_rows": "sglang.srt.disaggregation.encoder.receiver:WaitingMMRequestBase._finish_assemble",
+    # prefill/decode disaggregation (pruning/prefill_decode.py): the prefill server filling a request's
+    # metadata row for the decode server, and sizing its KV send once the decode server's slots are known;
+    # the decode server committing a received row to its request
+    "pd_metadata_row": "sglang.srt.disaggregation.utils:MetadataBuffers.set_buf",
+    "pd_prefill_bootstrapped": "sglang.srt.disaggregation.prefill:PrefillBootstrapQueue.finalize_bootstrap",
+    "pd_decode_commit": "sglang.srt.disaggregation.decode:DecodeTransferQueue._commit_transfer_to_req",
     # a model runner capturing its prefill graph (a draft's: `keep_mrope_draft_prefill_eager`)
     "init_prefill_graph": "sglang.srt.model_executor.model_runner:ModelRunner.init_prefill_cuda_graph",
     # traced only (SGLANG_EVS_TRACE): each replay of a graph runner (graph_trace.py)

@@ -124,8 +124,16 @@ def test_an_eagle3_draft_prunes_only_where_it_reads_mrope_positions(draft_config
             "encoder disaggregation (--language-only) over --encoder-transfer-backend mooncake",
         ),
         ({"disaggregation_mode": "null"}, None),
-        ({"disaggregation_mode": "prefill"}, "prefill/decode disaggregation (--disaggregation-mode prefill)"),
-        ({"disaggregation_mode": "decode"}, "prefill/decode disaggregation (--disaggregation-mode decode)"),
+        ({"disaggregation_mode": "prefill"}, None),  # Mooncake, SGLang's default backend
+        ({"disaggregation_mode": "decode", "disaggregation_transfer_backend": "mooncake"}, None),
+        (
+            {"disaggregation_mode": "prefill", "disaggregation_transfer_backend": "nixl"},
+            "prefill/decode disaggregation (--disaggregation-mode prefill) over --disaggregation-transfer-backend nixl",
+        ),
+        (
+            {"disaggregation_mode": "decode", "disaggregation_transfer_backend": "mori"},
+            "prefill/decode disaggregation (--disaggregation-mode decode) over --disaggregation-transfer-backend mori",
+        ),
     ],
 )
 def test_conflicting_setup_names_what_pruning_cannot_run_with(server_args, conflict):

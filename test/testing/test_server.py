@@ -55,3 +55,30 @@ def test_free_ports_are_distinct_and_out_of_the_ranges_others_pick_at_random():
     ports = [server.free_port() for _ in range(50)]
     assert len(set(ports)) == len(ports)
     assert all(port < 22000 and port < ephemeral_low for port in ports)  # SGLang's own: 22000-29999
+
+
+def test_a_pd_pair_is_two_launches_over_mooncake_tcp_whose_ports_race_nobody(tmp_path):
+    pd = server.pd_launches(tmp_path, tmp_path, ["--dtype", "float32"])
+    prefill, decode = pd.prefill.extra_args, pd.decode.extra_args
+    assert prefill[:2] == decode[:2] == ["--dtype", "float32"]
+    assert prefill[prefill.index("--disaggregation-mode") + 1] == "prefill"
+    assert decode[decode.index("--disaggregation-mode") + 1] == "decode"
+    assert prefill[prefill.index("--disaggregation-bootstrap-port") + 1] == str(pd.bootstrap_port)
+    for args in (prefill, decode):
+        assert args[args.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+    assert pd.prefill.env == pd.decode.env and pd.prefill.env["MOONCAKE_PROTOCOL"] == "tcp"
+    # Mooncake's own ports: above SGLang's random range and the launcher's, below the kernel's ephemeral one
+    ephemeral_low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    low, high = int(pd.prefill.env["MC_MIN_RPC_PORT"]), int(pd.prefill.env["MC_MAX_RPC_PORT"])
+    assert 29999 < low < high < ephemeral_low and server.PORT_WINDOW.stop <= low
+    # read when the transfer engine starts: a pair shares the warm interpreter of plain servers
+    assert set(server.PD_ENV) <= server.warm_start.RUNTIME_ENV
+
+
+def test_a_decode_server_of_a_mixed_fleet_takes_its_own_arguments_and_environment(tmp_path):
+    pd = server.pd_launches(tmp_path, tmp_path, ["--dtype", "float32"], {"SGLANG_EVS_TRACE": "p.jsonl"})
+    plain = {"SGLANG_PLUGINS": "none"}
+    other = server.pd_decode_launch(tmp_path, tmp_path / "other.log", ["--dtype", "bfloat16"], plain)
+    assert other.extra_args == ["--dtype", "bfloat16", *pd.decode.extra_args[2:]]  # the same PD flags
+    assert other.env == {**server.PD_ENV, "SGLANG_PLUGINS": "none"} and "SGLANG_EVS_TRACE" not in other.env
+    assert pd.decode.env == pd.prefill.env  # a pair's decode server gets the pair's environment

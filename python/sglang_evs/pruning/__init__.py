@@ -19,6 +19,10 @@ Both:
 Encoder disaggregation (encoder servers prune, the language server lays out):
   encoder_records.py  what an encoder does to each video and records, and the layout from the records
   disaggregated.py    the hooks that carry settings and records between the servers
+Prefill/decode disaggregation (each server lays the prompt out itself):
+  prefill_decode.py   the layout handshake: the prefill server sends its layout with the first token, the
+                      decode server compares it with its own, the prefill server the decode's KV allocation;
+                      a request whose two layouts differ fails by name
 
 The mechanism knows methods only through `methods.PruningMethod` (kept count before
 encoding, keep-mask after), and a model family only through its `served.VideoFamily`. An adapter (models/)

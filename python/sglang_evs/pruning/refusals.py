@@ -1,11 +1,11 @@
 """What a server refuses video pruning with, and why: the setups it cannot run exactly with, and the errors.
 
 A setup is named by `conflicting_setup` (speculative decoding with a draft blind to the pruned positions, under
-pipeline parallelism or with draft trees; prefill/decode disaggregation; encoder disaggregation over another
-transport than the one that carries the records, or of an architecture whose record says its encoder path is
-unproven, `served.py`); `refuse_unsupported` turns it into the error a server (at startup) or a request (HTTP
-400) gets when it asks to prune. The checkpoint checks read config.json without running remote code
-(`checkpoint_config`).
+pipeline parallelism or with draft trees; prefill/decode disaggregation over another transfer backend than
+Mooncake; encoder disaggregation over another transport than the one that carries the records, or of an
+architecture whose record says its encoder path is unproven, `served.py`); `refuse_unsupported` turns it into
+the error a server (at startup) or a request (HTTP 400) gets when it asks to prune. The checkpoint checks read
+config.json without running remote code (`checkpoint_config`).
 """
 
 import functools
@@ -28,8 +28,9 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
       encoder prunes and sends a record per video with the kept rows, `pruning/disaggregated.py`;
       Mooncake publishes the row counts before the encoder has run), or of a model whose encoder path is
       inexact upstream or has not been run with pruning;
-    - prefill/decode disaggregation: never run with pruning (SGLang's KV transfer engines need RDMA or a
-      GPU; its prefill server refuses the test backend), so not proven exact.
+    - prefill/decode disaggregation over a transfer backend other than Mooncake: the layout handshake
+      (`pruning/prefill_decode.py`) reads Mooncake's record of the decode server's KV slots, and no other
+      backend has been run (Mooncake's TCP transport is, on the CPU route: `test/e2e/test_pd_disaggregation.py`).
     """
     algorithm = getattr(server_args, "speculative_algorithm", None)
     if algorithm is not None and not draft_reads_target_positions(server_args, hf_config):
@@ -40,8 +41,10 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     if algorithm is not None and topk > 1:
         return f"speculative draft trees (--speculative-eagle-topk {topk}; chains, topk 1, are proven)"
     mode = getattr(server_args, "disaggregation_mode", "null")
-    if mode in ("prefill", "decode"):
-        return f"prefill/decode disaggregation (--disaggregation-mode {mode})"
+    backend = getattr(server_args, "disaggregation_transfer_backend", PD_TRANSFER_BACKEND)
+    if mode in ("prefill", "decode") and backend != PD_TRANSFER_BACKEND:
+        flag = f"--disaggregation-transfer-backend {backend}"
+        return f"prefill/decode disaggregation (--disaggregation-mode {mode}) over {flag}"
     role = next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
     transport = getattr(server_args, "encoder_transfer_backend", PRUNING_TRANSPORT)
     if role is not None and transport not in (PRUNING_TRANSPORT, "auto"):  # auto: zmq_to_scheduler for ours
@@ -52,6 +55,10 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
         return f"{role} of {architecture} ({served.unproven_encoder_path})"
     return None
 
+
+# The prefill/decode transfer backend pruning has been run over (and whose decode-side KV slots the prefill
+# server checks, pruning/prefill_decode.py); SGLang's default.
+PD_TRANSFER_BACKEND = "mooncake"
 
 # The encoder transport that carries a video's pruning record with its kept rows (pruning/disaggregated.py).
 PRUNING_TRANSPORT = "zmq_to_scheduler"

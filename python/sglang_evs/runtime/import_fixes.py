@@ -31,6 +31,10 @@
     process cannot fork): each imported SGLang again, about 4 s of the 2-core machine's 15 s server start.
     With no CUDA to protect they are forked from the launching process, which has imported it already;
     each still loads SGLang's plugins itself, as a spawned one does.
+11. Prefill/decode disaggregation (`runtime/disaggregation.py`): the host KV pool a decode server builds at
+    startup (also `--enable-hierarchical-cache`'s) pins its buffers with `cudaHostRegister`: over a CPU device
+    pool it allocates them unpinned; the prefill server's KV sender records `torch.cuda` events and pins page
+    indices: the CPU device module's no-op events stand in, and nothing is pinned.
 """
 
 import importlib.abc
@@ -145,6 +149,18 @@ def _load_plugins_again() -> None:
         plugins._plugins_loaded = False
 
 
+def _host_kv_pool_unpinned(module: ModuleType) -> None:
+    from sglang_evs.runtime.disaggregation import host_pool_unpinned
+
+    host_pool_unpinned(module)
+
+
+def _prefill_sender_on_cpu(module: ModuleType) -> None:
+    from sglang_evs.runtime.disaggregation import prefill_sender_on_cpu
+
+    prefill_sender_on_cpu(module)
+
+
 def _qsa_gather_on_cpu(module: ModuleType) -> None:
     from sglang_evs.runtime.qsa import install_gather
 
@@ -165,6 +181,8 @@ SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.layers.attention.qsa.metadata": _qsa_gather_on_cpu,
     "sglang.srt.layers.attention.qsa.qsa_indexer": _qsa_indexer_on_cpu,
     "sglang.srt.entrypoints.engine": _fork_server_processes,
+    "sglang.srt.mem_cache.pool_host.common": _host_kv_pool_unpinned,
+    "sglang.srt.disaggregation.prefill": _prefill_sender_on_cpu,
 }
 
 

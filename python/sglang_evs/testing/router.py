@@ -24,15 +24,26 @@ def worker_args(pruning_rate: float) -> list[str]:
 MEDIA_BALANCE_ARGS = ("--balance-abs-threshold", "4", "--balance-rel-threshold", "1.2")
 
 
-def router_command(
-    worker_urls: Sequence[str], port: int, policy: str = "cache_aware", extra: Sequence[str] = ()
-) -> list[str]:
+def _router_base(port: int) -> list[str]:
     # its Prometheus exporter takes port 29000 by default: a second router on the machine would not start
     return [
         sys.executable, "-m", "sglang_router.launch_router",
         "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-        "--worker-urls", *worker_urls,
-        "--policy", policy, *extra,
+    ]  # fmt: skip
+
+
+def router_command(
+    worker_urls: Sequence[str], port: int, policy: str = "cache_aware", extra: Sequence[str] = ()
+) -> list[str]:
+    return [*_router_base(port), "--worker-urls", *worker_urls, "--policy", policy, *extra]
+
+
+def pd_router_command(prefill_url: str, bootstrap_port: int, decode_url: str, port: int) -> list[str]:
+    """The router in PD mode: it sends each request to both servers, with the prefill server's bootstrap
+    address, and answers with the decode server's reply."""
+    return [
+        *_router_base(port), "--pd-disaggregation",
+        "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
     ]  # fmt: skip
 
 
@@ -43,12 +54,10 @@ def healthy_workers(base_url: str) -> list[str]:
 
 
 @contextmanager
-def running_router(
-    worker_urls: Sequence[str], log_path: str | Path, policy: str = "cache_aware", extra: Sequence[str] = ()
-) -> Iterator[RunningServer]:
-    """Launch the router, wait until it lists every worker healthy, yield it, always stop it."""
-    port = free_port()
-    process = spawn(router_command(worker_urls, port, policy, extra), log_path)
+def _running(command: Sequence[str], port: int, worker_urls: Sequence[str], log_path: str | Path):
+    """Launch a router command listening on `port`, wait until it lists every worker healthy, yield it,
+    always stop it."""
+    process = spawn(command, log_path)
     base_url = f"http://127.0.0.1:{port}"
 
     def every_worker_listed() -> bool:  # the router registers them in the background
@@ -59,3 +68,25 @@ def running_router(
         yield RunningServer(base_url, process, Path(log_path))
     finally:
         stop(process)
+
+
+@contextmanager
+def running_router(
+    worker_urls: Sequence[str], log_path: str | Path, policy: str = "cache_aware", extra: Sequence[str] = ()
+) -> Iterator[RunningServer]:
+    """Launch the router, wait until it lists every worker healthy, yield it, always stop it."""
+    port = free_port()
+    with _running(router_command(worker_urls, port, policy, extra), port, worker_urls, log_path) as router:
+        yield router
+
+
+@contextmanager
+def running_pd_router(
+    prefill: RunningServer, decode: RunningServer, bootstrap_port: int, log_path: str | Path
+) -> Iterator[RunningServer]:
+    """The router in PD mode in front of a running prefill and decode server (`server.pd_launches`), once it
+    lists both healthy; always stopped."""
+    port = free_port()
+    command = pd_router_command(prefill.base_url, bootstrap_port, decode.base_url, port)
+    with _running(command, port, [prefill.base_url, decode.base_url], log_path) as router:
+        yield router

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import requests
 
@@ -273,6 +274,47 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
     finally:
         for process in processes:
             stop(process)
+
+
+# Prefill/decode disaggregation over Mooncake's transfer engine, by TCP (its default is RDMA). The engine
+# picks its RPC and TCP data ports at random in 15000-17000 by default, inside PORT_WINDOW, when a port
+# handed out there may still wait for its server: it picks them between SGLang's random range and the
+# kernel's ephemeral one instead.
+PD_ENV = {"MOONCAKE_PROTOCOL": "tcp", "MC_MIN_RPC_PORT": "30000", "MC_MAX_RPC_PORT": "32000"}
+PD_TRANSFER_ARGS = ("--disaggregation-transfer-backend", "mooncake")
+
+
+class PdLaunches(NamedTuple):
+    """A prefill server and a decode server (`Launch`es for `running_servers`), and the port the prefill
+    server's bootstrap listens on (the router names it beside the prefill URL)."""
+
+    prefill: Launch
+    decode: Launch
+    bootstrap_port: int
+
+
+def pd_launches(
+    model_path: str | Path, folder: str | Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> PdLaunches:
+    """A PD pair on the model with `extra_args` (each server's), logs `prefill.log` and `decode.log` in
+    `folder`; started by `running_servers` like any other servers, put behind `router.running_pd_router`."""
+    bootstrap_port = free_port()
+    prefill = Launch(model_path, Path(folder) / "prefill.log", [
+        *extra_args, *PD_TRANSFER_ARGS,
+        "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bootstrap_port),
+    ], {**PD_ENV, **(env or {})})  # fmt: skip
+    decode = pd_decode_launch(model_path, Path(folder) / "decode.log", extra_args, env)
+    return PdLaunches(prefill, decode, bootstrap_port)
+
+
+def pd_decode_launch(
+    model_path: str | Path, log_path: str | Path, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
+) -> Launch:
+    """A decode server over Mooncake's TCP transport, for the prefill server of a `pd_launches` pair: one
+    prefill server may serve several decode servers (each behind a router of its own, `running_pd_router`),
+    which may differ from it in arguments and environment (a mixed fleet)."""
+    decode_args = [*extra_args, *PD_TRANSFER_ARGS, "--disaggregation-mode", "decode"]
+    return Launch(model_path, log_path, decode_args, {**PD_ENV, **(env or {})})
 
 
 @contextmanager
