@@ -6,7 +6,7 @@ import torch
 from sglang_evs.runtime.disaggregation import allocate_unpinned
 
 
-def test_host_kv_pools_over_a_cpu_device_pool_allocate_unpinned_and_a_gpus_still_register(cpu_route):
+def test_host_kv_pools_over_a_cpu_device_pool_allocate_unpinned_leaving_1_gib_and_a_gpus_still_register(cpu_route):
     out = cpu_route(
         """
         import torch
@@ -17,6 +17,8 @@ def test_host_kv_pools_over_a_cpu_device_pool_allocate_unpinned_and_a_gpus_still
         assert funcs["cpu"] is allocate_unpinned
         assert mha.ALLOC_MEMORY_FUNCS is funcs and mla.ALLOC_MEMORY_FUNCS is funcs  # one dict serves every pool
         assert funcs["cuda"] is common.alloc_with_host_register
+        from sglang.srt.mem_cache.pool_host import base
+        assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == 1024**3  # a GPU host's is 10 GiB
         buffer = funcs["cpu"]((2, 5, 3), torch.float32, "cpu", True, common.HostTensorAllocator())
         print(tuple(buffer.shape), buffer.dtype)
         """

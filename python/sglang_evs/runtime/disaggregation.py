@@ -7,7 +7,11 @@ SGLang 0.5.23 serves a PD pair on CPU over Mooncake's TCP transport (`MOONCAKE_P
   `ALLOC_MEMORY_FUNCS[device type]`, which for any device but NPU, MUSA and XPU is `alloc_with_host_register`:
   it pins them with `cudaHostRegister` ("Torch not compiled with CUDA enabled" on CPU). With the device pool
   in host memory there is nothing to pin for: a CPU device pool gets its host buffers from the pool's own
-  allocator, unregistered (`host_pool_unpinned`).
+  allocator, unregistered (`host_pool_unpinned`). The pool is sized against the machine's free memory less
+  a 10 GiB reserve (`HICACHE_HOST_MEMORY_RESERVE_BYTES`), kept for a GPU host's own processes; on the CPU
+  route the device pool and every server share that memory, sized by their own flags, so the reserve is
+  1 GiB (`host_memory_reserve_on_cpu`): with 10 a decode server does not start on a 24 GiB machine that
+  runs a few other servers.
 - the prefill server's KV sender (`disaggregation/prefill.py`): with Mooncake (whose sender takes host tensor
   indices) every chunk's page indices are copied into a pinned host tensor, `pin_memory=True`, behind a
   `torch.cuda.Event()` recorded on `torch.cuda.current_stream()` that the transfer thread waits on; an early
@@ -42,6 +46,14 @@ def host_pool_unpinned(module: ModuleType) -> None:
     """After `sglang.srt.mem_cache.pool_host.common` imports: host pools over a CPU device pool allocate
     unpinned. Every pool module imports this one dict by name, so one entry serves them all."""
     module.ALLOC_MEMORY_FUNCS["cpu"] = allocate_unpinned
+
+
+CPU_HOST_MEMORY_RESERVE_BYTES = 1024**3
+
+
+def host_memory_reserve_on_cpu(module: ModuleType) -> None:
+    """After `sglang.srt.mem_cache.pool_host.base` imports: a host pool leaves 1 GiB of free memory, not 10."""
+    module.HICACHE_HOST_MEMORY_RESERVE_BYTES = CPU_HOST_MEMORY_RESERVE_BYTES
 
 
 class _HostCuda:

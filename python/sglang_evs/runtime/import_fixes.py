@@ -34,7 +34,8 @@
 11. Prefill/decode disaggregation (`runtime/disaggregation.py`): the host KV pool a decode server builds at
     startup (also `--enable-hierarchical-cache`'s) pins its buffers with `cudaHostRegister`: over a CPU device
     pool it allocates them unpinned; the prefill server's KV sender records `torch.cuda` events and pins page
-    indices: the CPU device module's no-op events stand in, and nothing is pinned.
+    indices: the CPU device module's no-op events stand in, and nothing is pinned; the pool's reserve of
+    free memory is 1 GiB, not a GPU host's 10.
 """
 
 import importlib.abc
@@ -155,6 +156,12 @@ def _host_kv_pool_unpinned(module: ModuleType) -> None:
     host_pool_unpinned(module)
 
 
+def _host_memory_reserve_on_cpu(module: ModuleType) -> None:
+    from sglang_evs.runtime.disaggregation import host_memory_reserve_on_cpu
+
+    host_memory_reserve_on_cpu(module)
+
+
 def _prefill_sender_on_cpu(module: ModuleType) -> None:
     from sglang_evs.runtime.disaggregation import prefill_sender_on_cpu
 
@@ -182,6 +189,7 @@ SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.layers.attention.qsa.qsa_indexer": _qsa_indexer_on_cpu,
     "sglang.srt.entrypoints.engine": _fork_server_processes,
     "sglang.srt.mem_cache.pool_host.common": _host_kv_pool_unpinned,
+    "sglang.srt.mem_cache.pool_host.base": _host_memory_reserve_on_cpu,
     "sglang.srt.disaggregation.prefill": _prefill_sender_on_cpu,
 }
 
