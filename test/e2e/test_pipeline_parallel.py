@@ -31,9 +31,9 @@ from sglang_evs.testing.server import Launch, run_to_exit, running_servers
 pytestmark = pytest.mark.slow
 
 ARGS = ["--dtype", "float32", "--chunked-prefill-size", "64"]
-# Decode graphs for batches of up to 8 (this module sends 3 at most): a pipeline stage captures each batch size in
-# about 2.5 s on CPU, and SGLang's default list has 24 of them.
-PP_GRAPHS = ["--cuda-graph-max-bs-decode", "8"]
+# Decode graphs for the batch sizes this module sends (1 to 3, none padded): a pipeline stage captures each size
+# in about 3.5 s on CPU, and SGLang's default list has 24 of them.
+PP_GRAPHS = ["--cuda-graph-bs-decode", "1", "2", "3"]
 PRUNINGS = {"evs q=0.75": per_request_rate(0.75), "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2")}
 
 
