@@ -247,36 +247,51 @@ class Launch:
     graph_mode: bool = False
 
 
+def rank_count(args: Sequence[str]) -> int:
+    """Processes a server runs its model in: the product of its --tp-size, --pp-size and --dp-size."""
+    count = 1
+    for flag in ("--tp-size", "--pp-size", "--dp-size"):
+        if flag in args:
+            count *= int(args[list(args).index(flag) + 1])
+    return count
+
+
 @contextmanager
 def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[RunningServer]]:
-    """Start every server at once (a start is mostly one core importing and loading, so on several
-    cores their starts overlap), wait for each one's /health_generate, yield them in order, and always
-    stop every process group. An idle server sleeps (`--sleep-on-idle`), so one that waits costs the
-    one serving nothing."""
-    processes: list[subprocess.Popen] = []
+    """Start the servers, wait for each one's warm-up, yield them in order, and always stop every process
+    group. Single-rank servers start at once (a start is mostly one core importing and loading, so their
+    starts overlap); a server of several ranks starts once the one before it is up, beside them: its ranks
+    run every graph capture and warm-up in lockstep over gloo, and two such servers on the same cores
+    slow each other down several times over (two TP=2 servers' decode graphs: 31 s together, 6 s alone).
+    An idle server sleeps (`--sleep-on-idle`), so one that waits costs the one serving nothing."""
+    processes: dict[int, subprocess.Popen] = {}
+
+    def start(index: int) -> None:
+        launch = launches[index]
+        processes[index] = start_server(
+            launch.model_path, launch.log_path, launch.extra_args, launch.env, cpu=launch.cpu, cores=launch.cores,
+            launcher=launch.launcher, graph_mode=launch.graph_mode,
+        )  # fmt: skip
+
+    def wait(index: int) -> RunningServer:
+        launch, process = launches[index], processes[index]
+        base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
+        wait_healthy(base_url, process, Path(launch.log_path), timeout, "--encoder-only" in launch.extra_args)
+        return RunningServer(base_url, process, Path(launch.log_path))
+
     try:
-        for launch in launches:
-            processes.append(
-                start_server(
-                    launch.model_path,
-                    launch.log_path,
-                    launch.extra_args,
-                    launch.env,
-                    cpu=launch.cpu,
-                    cores=launch.cores,
-                    launcher=launch.launcher,
-                    graph_mode=launch.graph_mode,
-                )
-            )
-        servers = []
-        for launch, process in zip(launches, processes, strict=True):
-            base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
-            encoder_only = "--encoder-only" in launch.extra_args
-            wait_healthy(base_url, process, Path(launch.log_path), timeout, encoder_only)
-            servers.append(RunningServer(base_url, process, Path(launch.log_path)))
-        yield servers
+        several = [i for i, launch in enumerate(launches) if rank_count(launch.extra_args) > 1]
+        for index in range(len(launches)):
+            if index not in several:
+                start(index)
+        servers = {}
+        for index in several:
+            start(index)
+            servers[index] = wait(index)
+        servers.update({index: wait(index) for index in range(len(launches)) if index not in several})
+        yield [servers[index] for index in range(len(launches))]
     finally:
-        stop(*processes)
+        stop(*processes.values())
 
 
 # Prefill/decode disaggregation over Mooncake's transfer engine, by TCP (its default is RDMA). The engine
