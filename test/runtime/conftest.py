@@ -25,6 +25,14 @@ def triton_interpreter():
     return run_under_triton_interpreter
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that runs upstream's Triton kernels under the interpreter (directly or through a fixture) is a
+    long run, 5-15 s of interpreted kernels: slow tier. The stand-ins' own tests stay in the quick tier."""
+    for item in items:
+        if "triton_interpreter" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 # A long-lived interpreter on the CPU route that runs snippets one after another, each in a namespace of
 # its own: SGLang is imported once per environment instead of once per test. The runtime's fixes act at
 # import, whatever imported the module first, so a snippet sees the same wiring as a fresh interpreter.

@@ -64,6 +64,19 @@ def graph_mode_env(graph_mode: bool) -> dict[str, str]:
     return {GRAPH_MODE_ENV: "1"} if graph_mode else {}
 
 
+# A graph-mode server captures prefill graphs for token buckets up to this many unless its test names its own:
+# SGLang's default buckets run to 4096, and the twelve from 1280 up cost most of a tiny server's 7 s of prefill
+# capture on CPU, for forwards no test here sends (a larger forward runs eagerly, as on a GPU).
+GRAPH_MODE_PREFILL_TOKENS = ("--cuda-graph-max-bs-prefill", "1024")
+PREFILL_BUCKET_FLAGS = ("--cuda-graph-max-bs-prefill", "--cuda-graph-bs-prefill")
+
+
+def graph_mode_args(graph_mode: bool, args: Sequence[str]) -> tuple[str, ...]:
+    """The prefill-bucket cap a graph-mode server gets where `args` name no buckets of their own."""
+    named = any(flag in args for flag in PREFILL_BUCKET_FLAGS)
+    return GRAPH_MODE_PREFILL_TOKENS if graph_mode and not named else ()
+
+
 def is_hybrid(model_path: str | Path) -> bool:
     """Whether a local checkpoint has linear-attention layers (False where there is no config.json)."""
     config_file = Path(model_path) / "config.json"
@@ -158,7 +171,7 @@ def start_server(
     args = [
         "--model-path", str(model_path),
         "--host", "127.0.0.1", "--port", str(port), *nccl_port,
-        *(cpu_server_args(model_path) if cpu else ()), *extra_args,
+        *(cpu_server_args(model_path) if cpu else ()), *extra_args, *graph_mode_args(graph_mode and cpu, extra_args),
     ]  # fmt: skip
     environment = server_environment(cpu, {**(env or {}), **graph_mode_env(graph_mode)}, server_args=extra_args)
     if cores is not None:
