@@ -78,6 +78,17 @@ SGLANG_CPU_BEFORE_IMPORT: dict[str, Callable[[], None]] = {
 }
 
 
+def _deferred(target: str) -> Callable[[ModuleType], None]:
+    """The fix `"runtime_module:function"` (a module of `sglang_evs.runtime`), imported only when its SGLang
+    module is: this module runs at every interpreter's start and must stay light."""
+
+    def apply(module: ModuleType) -> None:
+        path, name = target.split(":")
+        getattr(importlib.import_module(f"sglang_evs.runtime.{path}"), name)(module)
+
+    return apply
+
+
 def _gated_norm_on_cpu(module: ModuleType) -> None:
     from sglang_evs.runtime.torch_ops import define_sgl_kernel_ops
 
@@ -92,42 +103,12 @@ def _shared_expert_gate_on_cpu(module: ModuleType) -> None:
     module.fused_gate_sigmoid_mul_add = elementwise.fused_gate_sigmoid_mul_add
 
 
-def _vision_attention_by_segment(module: ModuleType) -> None:
-    from sglang_evs.runtime.vision_attention import patch_vision_sdpa
-
-    patch_vision_sdpa(module)
-
-
-def _speculative_target_verify(module: ModuleType) -> None:
-    from sglang_evs.runtime.speculative_attention import add_target_verify
-
-    add_target_verify(module)
-
-
-def _speculative_draft_backends(module: ModuleType) -> None:
-    from sglang_evs.runtime.speculative_attention import add_torch_native_draft_backends
-
-    add_torch_native_draft_backends(module)
-
-
 def _mamba_state_commit_on_cpu(module: ModuleType) -> None:
     from sglang_evs.runtime.speculative_kernels import fused_mamba_state_scatter_with_mask
 
     module.fused_mamba_state_scatter_with_mask = fused_mamba_state_scatter_with_mask
     module.fused_conv_window_scatter_with_mask = fused_mamba_state_scatter_with_mask
     module._conv_multi_eligible = lambda pairs: False  # its single-launch path is Triton-only
-
-
-def _mamba2_on_cpu(module: ModuleType) -> None:
-    from sglang_evs.runtime.mamba2 import install
-
-    install(module)
-
-
-def _qsa_indexer_on_cpu(module: ModuleType) -> None:
-    from sglang_evs.runtime.qsa import install_indexer
-
-    install_indexer(module)
 
 
 def _fork_server_processes(module: ModuleType) -> None:
@@ -150,47 +131,23 @@ def _load_plugins_again() -> None:
         plugins._plugins_loaded = False
 
 
-def _host_kv_pool_unpinned(module: ModuleType) -> None:
-    from sglang_evs.runtime.disaggregation import host_pool_unpinned
-
-    host_pool_unpinned(module)
-
-
-def _host_memory_reserve_on_cpu(module: ModuleType) -> None:
-    from sglang_evs.runtime.disaggregation import host_memory_reserve_on_cpu
-
-    host_memory_reserve_on_cpu(module)
-
-
-def _prefill_sender_on_cpu(module: ModuleType) -> None:
-    from sglang_evs.runtime.disaggregation import prefill_sender_on_cpu
-
-    prefill_sender_on_cpu(module)
-
-
-def _qsa_gather_on_cpu(module: ModuleType) -> None:
-    from sglang_evs.runtime.qsa import install_gather
-
-    install_gather(module)
-
-
 # module name -> work to do on the module right after it was imported
 SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
-    "sglang.srt.layers.attention.vision": _vision_attention_by_segment,
+    "sglang.srt.layers.attention.vision": _deferred("vision_attention:patch_vision_sdpa"),
     "sglang.kernels.ops.attention.fla.layernorm_gated": _gated_norm_on_cpu,
     "sglang.srt.models.qwen2_moe": _shared_expert_gate_on_cpu,
-    "sglang.srt.layers.attention.torch_native_backend": _speculative_target_verify,
-    "sglang.srt.speculative.draft_utils": _speculative_draft_backends,
+    "sglang.srt.layers.attention.torch_native_backend": _deferred("speculative_attention:add_target_verify"),
+    "sglang.srt.speculative.draft_utils": _deferred("speculative_attention:add_torch_native_draft_backends"),
     "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _mamba_state_commit_on_cpu,
-    "sglang.srt.layers.attention.mamba.mamba": _mamba2_on_cpu,
+    "sglang.srt.layers.attention.mamba.mamba": _deferred("mamba2:install"),
     # `metadata` imports the gather from `kernel` by name: each is patched when it is imported
-    "sglang.srt.layers.attention.qsa.kernel": _qsa_gather_on_cpu,
-    "sglang.srt.layers.attention.qsa.metadata": _qsa_gather_on_cpu,
-    "sglang.srt.layers.attention.qsa.qsa_indexer": _qsa_indexer_on_cpu,
+    "sglang.srt.layers.attention.qsa.kernel": _deferred("qsa:install_gather"),
+    "sglang.srt.layers.attention.qsa.metadata": _deferred("qsa:install_gather"),
+    "sglang.srt.layers.attention.qsa.qsa_indexer": _deferred("qsa:install_indexer"),
     "sglang.srt.entrypoints.engine": _fork_server_processes,
-    "sglang.srt.mem_cache.pool_host.common": _host_kv_pool_unpinned,
-    "sglang.srt.mem_cache.pool_host.base": _host_memory_reserve_on_cpu,
-    "sglang.srt.disaggregation.prefill": _prefill_sender_on_cpu,
+    "sglang.srt.mem_cache.pool_host.common": _deferred("disaggregation:host_pool_unpinned"),
+    "sglang.srt.mem_cache.pool_host.base": _deferred("disaggregation:host_memory_reserve_on_cpu"),
+    "sglang.srt.disaggregation.prefill": _deferred("disaggregation:prefill_sender_on_cpu"),
 }
 
 
