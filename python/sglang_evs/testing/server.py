@@ -272,10 +272,10 @@ def rank_count(args: Sequence[str]) -> int:
 @contextmanager
 def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[RunningServer]]:
     """Start the servers, wait for each one's warm-up, yield them in order, and always stop every process
-    group. Single-rank servers start at once (a start is mostly one core importing and loading, so their
-    starts overlap); a server of several ranks starts once the one before it is up, beside them: its ranks
-    run every graph capture and warm-up in lockstep over gloo, and two such servers on the same cores
-    slow each other down several times over (two TP=2 servers' decode graphs: 31 s together, 6 s alone).
+    group. Servers start at once (a start is mostly one core importing and loading, so their starts
+    overlap), but a graph-mode server of several ranks starts once the one before it is up: its ranks capture
+    every graph in lockstep over gloo, and two such captures on the same cores slow each other down several
+    times over (two TP=2 servers' decode graphs: 31 s together, 6 s one after the other).
     An idle server sleeps (`--sleep-on-idle`), so one that waits costs the one serving nothing."""
     processes: dict[int, subprocess.Popen] = {}
 
@@ -293,7 +293,7 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
         return RunningServer(base_url, process, Path(launch.log_path))
 
     try:
-        several = [i for i, launch in enumerate(launches) if rank_count(launch.extra_args) > 1]
+        several = [i for i, launch in enumerate(launches) if launch.graph_mode and rank_count(launch.extra_args) > 1]
         for index in range(len(launches)):
             if index not in several:
                 start(index)
