@@ -11,8 +11,12 @@ the prefill server, and decodes the rest at positions from its own delta, never 
 
 The fleet, started at once: a prefill server with EVS q = .5 as its default and 29-token prefill chunks,
 its decode server (same setting), a second pair with VidCom2 q = .5 as the default, a decode server without
-the plugin (`SGLANG_PLUGINS=none`), and one plain plugin server (EVS q = .5, 29-token chunks) for reference.
-The plugin's prefill and decode servers are traced with positions (`SGLANG_EVS_TRACE_POSITIONS`).
+the plugin (`SGLANG_PLUGINS=none`), and one plain plugin server (EVS q = .5, 29-token chunks) for reference;
+upstream's own pair (a prefill server without the plugin, the same flags, in front of that decode server)
+and one upstream server; a prefill server at `--tp-size 2`; an encoder server (`--encoder-only`) and a
+`--language-only` prefill server over it. The last two prefill servers send to the EVS decode server (one
+decode server serves several prefill servers, each pair behind a router of its own). The plugin's first
+prefill and decode servers are traced with positions (`SGLANG_EVS_TRACE_POSITIONS`).
 
 - The server's default applies to `/generate` (sglang-router 0.3.2 drops its `mm_processor_kwargs`): a
   text, an image and a pruned video give one server's tokens, prompt and cached token counts and logprobs,
@@ -35,6 +39,18 @@ The plugin's prefill and decode servers are traced with positions (`SGLANG_EVS_T
   the plugin (found by the prefill server: the decode's KV allocation is the unpruned prompt's), and one
   with another setting whose prompt has the same length and delta (found by the decode server's check of
   the prefill's layout: VidCom2 and EVS keep as many tokens at one rate).
+
+- At q = 0 (text and an image, and a video at a chat request's q = 0) the plugin's pair is upstream's pair
+  with the same flags, every double of the reply, and one upstream server in float32; a radix repeat of
+  each is again upstream's pair, and as far from one upstream server as upstream's pair is (the overlap
+  scheduler's gap above, 4.8e-7 to 9.5e-7 measured).
+- A prefill server at `--tp-size 2` in front of a decode server at tp 1 (Mooncake sends each rank's KV
+  heads into the decode server's full rows) serves text, an image and a pruned video as one server: the
+  same tokens and prompt, logprobs 6e-7 to 1.6e-6 apart (the prefill's all-reduce sums in another order).
+- Encoder, prefill and decode (SGLang's EPD layout): the encoder prunes and sends the kept rows, the
+  `--language-only` prefill server lays them out, the decode server lays the same prompt out from the media
+  itself; text, an image and the video at the default and at a chat request's own settings are one server's
+  answers bit for bit in float32.
 
 First, a Qwen3.5 pair and a GLM-4.1V pair each serve one pruned video as one server of theirs; their servers
 stop before the Qwen3-VL fleet starts (fewer servers at once on the 2-core machine).
@@ -66,8 +82,15 @@ from sglang_evs.testing.requests import (
     per_request_rate,
     pruning_setting,
 )
-from sglang_evs.testing.router import running_pd_router
-from sglang_evs.testing.server import Launch, RunningServer, pd_decode_launch, pd_launches, running_servers
+from sglang_evs.testing.router import PdPair, running_pd_router, running_pd_routers
+from sglang_evs.testing.server import (
+    Launch,
+    RunningServer,
+    free_port,
+    pd_decode_launch,
+    pd_launches,
+    running_servers,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -163,29 +186,77 @@ class Fleet(NamedTuple):
     other_setting: RunningServer  # router: prefill (EVS) + the VidCom2 decode server
     prefill_trace: Path
     decode_trace: Path
+    upstream_one: RunningServer  # one server without the plugin, the same flags
+    upstream_prefill: RunningServer  # a prefill server without the plugin, the same flags
+    upstream: RunningServer  # router: upstream_prefill + the decode server without the plugin (upstream's pair)
+    tp2_prefill: RunningServer  # EVS q = .5, --tp-size 2
+    tp2: RunningServer  # router: tp2_prefill + the EVS decode server (tp 1)
+    language_prefill: RunningServer  # EVS q = .5, --language-only over the encoder server
+    epd: RunningServer  # router: language_prefill + the EVS decode server
+    encoder_trace: Path
+
+
+UPSTREAM = {"SGLANG_PLUGINS": "none"}  # SGLang loads no plugin in this server
+
+
+def epd_launches(model, folder: Path, args: list[str], encoder_trace: Path) -> tuple[Launch, Launch, int]:
+    """An encoder server (`--encoder-only`, no pruning default of its own: it prunes as each request asks)
+    and a `--language-only` prefill server over it, started together: the language server reads its
+    encoders' URLs per request, so the encoder's port is chosen here; its encoder health probes are off so
+    that an encoder still loading is not evicted from its list. And the prefill's bootstrap port."""
+    encoder_port = free_port()
+    encoder = Launch(model, folder / "encoder.log", ["--dtype", "float32", "--encoder-only"],
+                     {trace.ENV: str(encoder_trace)}, port=encoder_port)  # fmt: skip
+    language_args = [*args, "--language-only", "--encoder-urls", f"http://127.0.0.1:{encoder_port}",
+                     "--encoder-bootstrap-port", str(free_port())]  # fmt: skip
+    (folder / "epd").mkdir()
+    pd = pd_launches(model, folder / "epd", language_args, {"SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL": "0"})
+    return encoder, pd.prefill, pd.bootstrap_port
 
 
 @pytest.fixture(scope="module")
 def fleet(tiny_model_dir, tmp_path_factory):
+    """The module's Qwen3-VL servers, started together: the EVS pair (traced) and the reference, a VidCom2
+    pair, a decode server without the plugin, upstream's own pair (that decode server behind a prefill
+    server without the plugin) and one upstream server, a `--tp-size 2` prefill server and an encoder with a
+    `--language-only` prefill server (both for the EVS decode server, which serves several prefill servers
+    as SGLang's decode servers do)."""
     folder = tmp_path_factory.mktemp("pd")
-    prefill_trace, decode_trace = folder / "prefill.jsonl", folder / "decode.jsonl"
+    prefill_trace, decode_trace, encoder_trace = (folder / f"{name}.jsonl" for name in ("prefill", "decode", "encoder"))
     evs, vidcom2 = server_args("evs"), server_args("vidcom2")
     pd = pd_launches(tiny_model_dir, folder, evs, traced(prefill_trace))
     decode = pd_decode_launch(tiny_model_dir, folder / "decode.log", evs, traced(decode_trace))
     (folder / "vidcom2").mkdir()
     pd_vidcom2 = pd_launches(tiny_model_dir, folder / "vidcom2", vidcom2)
-    without_plugin = pd_decode_launch(tiny_model_dir, folder / "no-plugin.log", evs, {"SGLANG_PLUGINS": "none"})
+    without_plugin = pd_decode_launch(tiny_model_dir, folder / "no-plugin.log", evs, UPSTREAM)
     one = Launch(tiny_model_dir, folder / "one.log", evs)
-    launches = (one, pd.prefill, decode, pd_vidcom2.prefill, pd_vidcom2.decode, without_plugin)
-    with running_servers(*launches) as (single, prefill, evs_decode, vidcom2_prefill, vidcom2_decode, plain):
-        routers = [
-            running_pd_router(prefill, evs_decode, pd.bootstrap_port, folder / "router.log"),
-            running_pd_router(vidcom2_prefill, vidcom2_decode, pd_vidcom2.bootstrap_port, folder / "router2.log"),
-            running_pd_router(prefill, plain, pd.bootstrap_port, folder / "router-no-plugin.log"),
-            running_pd_router(prefill, vidcom2_decode, pd.bootstrap_port, folder / "router-mixed.log"),
-        ]
-        with routers[0] as r0, routers[1] as r1, routers[2] as r2, routers[3] as r3:
-            yield Fleet(single, prefill, vidcom2_prefill, r0, r1, r2, r3, prefill_trace, decode_trace)
+    upstream_one = Launch(tiny_model_dir, folder / "upstream-one.log", evs, UPSTREAM)
+    (folder / "upstream").mkdir()
+    upstream = pd_launches(tiny_model_dir, folder / "upstream", evs, UPSTREAM)
+    (folder / "tp2").mkdir()
+    tp2 = pd_launches(tiny_model_dir, folder / "tp2", [*evs, "--tp-size", "2"])
+    encoder, language, language_bootstrap = epd_launches(tiny_model_dir, folder, evs, encoder_trace)
+    launches = (one, pd.prefill, decode, pd_vidcom2.prefill, pd_vidcom2.decode, without_plugin, upstream_one,
+                upstream.prefill, tp2.prefill, encoder, language)  # fmt: skip
+    with running_servers(*launches) as servers:
+        single, prefill, evs_decode, vidcom2_prefill, vidcom2_decode, plain, upstream_single = servers[:7]
+        upstream_prefill, tp2_prefill, _, language_prefill = servers[7:]
+        pairs = (
+            PdPair(prefill, pd.bootstrap_port, evs_decode, folder / "router.log"),
+            PdPair(vidcom2_prefill, pd_vidcom2.bootstrap_port, vidcom2_decode, folder / "router2.log"),
+            PdPair(prefill, pd.bootstrap_port, plain, folder / "router-no-plugin.log"),
+            PdPair(prefill, pd.bootstrap_port, vidcom2_decode, folder / "router-mixed.log"),
+            PdPair(upstream_prefill, upstream.bootstrap_port, plain, folder / "router-upstream.log"),
+            PdPair(tp2_prefill, tp2.bootstrap_port, evs_decode, folder / "router-tp2.log"),
+            PdPair(language_prefill, language_bootstrap, evs_decode, folder / "router-epd.log"),
+        )
+        with running_pd_routers(*pairs) as routers:
+            evs_pair, vidcom2_pair, without, mixed, upstream_pair, tp2_pair, epd = routers
+            yield Fleet(
+                single, prefill, vidcom2_prefill, evs_pair, vidcom2_pair, without, mixed, prefill_trace, decode_trace,
+                upstream_single, upstream_prefill, upstream_pair, tp2_prefill, tp2_pair, language_prefill, epd,
+                encoder_trace,
+            )  # fmt: skip
 
 
 def empty_caches(*servers: RunningServer) -> None:
@@ -424,3 +495,110 @@ def test_a_decode_server_with_another_setting_fails_a_pruned_request_by_name_and
     ), message
     prompt, kwargs = cases(files)["text"]
     assert len(generate(fleet.other_setting.base_url, prompt, MAX_NEW_TOKENS, **kwargs)[0].output_ids) == 6
+
+
+# --- q = 0 against upstream: upstream's own pair and one upstream server ------------------------------------
+
+WHO = ("pair", "upstream_pair", "upstream_one")
+
+
+@pytest.fixture(scope="module")
+def at_q0(fleet, files, served) -> dict[tuple[str, bool], dict[str, Generation]]:
+    """Text and an image (`/generate`) and a video at q = 0 (a chat request's own setting: the router drops
+    `/generate`'s, and the plugin pair's default prunes) through the plugin's pair, upstream's pair and from
+    one upstream server, from empty caches, then each once more (a radix hit on every prefill server):
+    (case, repeat) -> who -> reply."""
+    empty_caches(fleet.prefill, fleet.upstream_prefill, fleet.upstream_one)
+    urls = dict(zip(WHO, (fleet.evs.base_url, fleet.upstream.base_url, fleet.upstream_one.base_url), strict=True))
+
+    def ask(url: str, name: str) -> Generation:
+        if name == "video":
+            return chat(url, files["video"], pruning_setting(0.0))
+        prompt, kwargs = cases(files)[name]
+        return generate(url, prompt, MAX_NEW_TOKENS, **kwargs)[0]
+
+    return {(name, again): {who: ask(url, name) for who, url in urls.items()}
+            for again in (False, True) for name in CASES}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_at_q0_the_pair_is_bit_identical_to_upstreams_pair_and_to_one_upstream_server(at_q0, name):
+    replies = at_q0[name, False]
+    assert replies["pair"] == replies["upstream_pair"], name  # every double, both through the router's JSON
+    assert in_float32(replies["pair"]) == in_float32(replies["upstream_one"]), name
+    assert len(replies["pair"].output_ids) == MAX_NEW_TOKENS
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_at_q0_a_radix_repeat_through_the_pair_is_upstreams_pairs(at_q0, name):
+    """Bit-identical to upstream's pair; against one upstream server the overlap scheduler's gap of a radix
+    repeat (module docstring), which upstream's pair shows alike."""
+    replies = at_q0[name, True]
+    assert replies["pair"] == replies["upstream_pair"], name
+    assert_same_generation(replies["pair"], replies["upstream_one"], TOLERANCE, name)
+    if name != "video":  # chat replies report no cached tokens without --enable-cache-report
+        assert {reply.cached_tokens for reply in replies.values()} == {replies["pair"].prompt_tokens - 1}
+
+
+# --- a prefill server at --tp-size 2, its decode server at tp 1 ------------------------------------------------
+
+TP2_TOLERANCE = 1e-4  # the prefill's all-reduce sums two ranks' partial products in another order
+
+
+@pytest.fixture(scope="module")
+def tp2_served(fleet, files, served) -> dict[str, tuple[Generation, Generation]]:
+    """Each case at the servers' default (EVS q = .5) through the TP = 2 prefill server and the EVS decode
+    server, and from one server, each from empty caches: case -> (pair's reply, one server's)."""
+    out = {}
+    for name, (prompt, kwargs) in cases(files).items():
+        empty_caches(fleet.tp2_prefill, fleet.one)
+        out[name] = tuple(generate(url, prompt, MAX_NEW_TOKENS, **kwargs)[0]
+                          for url in (fleet.tp2.base_url, fleet.one.base_url))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_tp2_prefill_server_with_a_tp1_decode_server_serves_what_one_server_serves(tp2_served, name):
+    got, want = tp2_served[name]
+    assert_same_generation(got, want, TP2_TOLERANCE, name)
+    assert got.cached_tokens == want.cached_tokens
+    if name == "video":
+        assert got.meta["video_tokens_after_pruning"] * 2 == got.meta["video_tokens_before_pruning"] == 400
+
+
+# --- encoder, prefill and decode: the encoder prunes, the PD pair serves the kept rows ------------------------
+
+
+@pytest.fixture(scope="module")
+def epd_served(fleet, files, served) -> dict:
+    """Each case at the servers' default (EVS q = .5) and the video at a chat request's own settings, through
+    the encoder, the `--language-only` prefill server and the EVS decode server, and from one server, each
+    from empty caches: case -> (the router's reply, one server's); "sent": what the encoder sent for the
+    cases (it encodes for nothing else; its trace starts with its first request)."""
+    out: dict = {}
+    for name, (prompt, kwargs) in cases(files).items():
+        empty_caches(fleet.language_prefill, fleet.one)
+        out[name] = tuple(generate(url, prompt, MAX_NEW_TOKENS, **kwargs)[0]
+                          for url in (fleet.epd.base_url, fleet.one.base_url))  # fmt: skip
+    out["sent"] = trace.read(fleet.encoder_trace, "encoder_sent")
+    for name, setting in PER_REQUEST.items():
+        empty_caches(fleet.language_prefill, fleet.one)
+        out[name] = tuple(chat(url, files["video"], setting) for url in (fleet.epd.base_url, fleet.one.base_url))
+    return out
+
+
+@pytest.mark.parametrize("name", [*CASES, *PER_REQUEST])
+def test_encoder_prefill_and_decode_servers_serve_what_one_server_serves_bit_for_bit(epd_served, name):
+    """The same tokens, prompt tokens and logprobs in float32 (the router's JSON moves doubles by an ulp):
+    the encoder's rows are the one server's tower's, and the language server lays them out at its positions."""
+    got, want = epd_served[name]
+    assert in_float32(got) == in_float32(want), name
+    assert len(got.output_ids) == MAX_NEW_TOKENS
+
+
+def test_the_encoder_sends_only_the_kept_rows_of_a_pruned_video(epd_served):
+    """The image and the video went to the encoder (a text request does not): the video's 400 rows pruned
+    to 200 at the default there, never sent whole."""
+    rows = {event["modality"]: event["rows"] for event in epd_served["sent"]}
+    assert rows["VIDEO"] == epd_served["video"][0].meta["video_tokens_after_pruning"] == 200
+    assert rows["IMAGE"] > 0

@@ -7,6 +7,7 @@ import torch
 
 from sglang_evs.methods import EVS, VIDCOM2
 from sglang_evs.pruning.encoder_records import kept_counts, lay_out_pruned, prune_encoded_videos, settings_for_encoder
+from sglang_evs.pruning.fields import is_pruned, pruned_with
 from sglang_evs.pruning.settings import NO_PRUNING, Pruning
 
 VIDEO_PAD, IMAGE_PAD, TEXT = 9, 8, 1
@@ -29,6 +30,9 @@ def test_the_encoder_sends_each_videos_kept_rows_and_says_which():
 
 
 class Item(SimpleNamespace):
+    def __init__(self, **fields):
+        super().__init__(model_specific_data={}, **fields)
+
     def is_video(self) -> bool:
         return self.modality == "video"
 
@@ -53,6 +57,11 @@ def test_the_language_server_deletes_the_pruned_pads_from_ids_positions_and_item
     assert int(out.mrope_position_delta) == 3 + 3
     assert [item.offsets for item in out.mm_items] == [[(1, 2)], [(5, 7)]]  # the empty group is gone
     assert torch.equal(out.mm_items[1].precomputed_embeddings, rows)
+    # the setting the encoder pruned with, for a PD pair's layout check; not one the model would prune again
+    assert [pruned_with(item) for item in out.mm_items] == [None, ("evs", 0.5)]
+    assert not is_pruned(out.mm_items[1])
+    unpruned = lay_out_pruned(output(), [{**record, "rate": 0.0, "kept": None}], torch.randn(6, 4), VIDEO_PAD)
+    assert [pruned_with(item) for item in unpruned.mm_items] == [None, None, None]
     with pytest.raises(ValueError, match="rows received"):
         lay_out_pruned(output(), [record], rows[:2], VIDEO_PAD)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_evs.pruning import prefill_decode
-from sglang_evs.pruning.fields import METHOD, RATE
+from sglang_evs.pruning.fields import ENCODER_PRUNED, METHOD, RATE
 from sglang_evs.pruning.prefill_decode import (
     LENGTH_SLOT,
     Layout,
@@ -205,6 +205,10 @@ def test_the_reason_reaches_a_mooncake_decode_server_in_the_status_message():
 
 def test_hooks_read_the_request_setting_from_its_items():
     assert layout_of(request(items=[video_item(None), video_item("vidcom2", 0.75)])).method == "vidcom2"
+    # a --language-only prefill server's item, pruned by its encoder: the same layout as its decode server's
+    by_encoder = {ENCODER_PRUNED: {"method": "evs", "rate": 0.5}}
+    encoded = SimpleNamespace(is_video=lambda: True, model_specific_data=by_encoder)
+    assert layout_of(request(items=[encoded])) == layout_of(request())
     assert layout_of(SimpleNamespace(origin_input_ids=[1, 2], multimodal_inputs=None)) == Layout(2, 0, None, 0.0)
     assert prefill_decode.METHOD_CODES == {"evs": 1, "vidcom2": 2}
     assert LENGTH_SLOT > 6

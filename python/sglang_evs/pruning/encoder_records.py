@@ -14,6 +14,7 @@ import torch
 
 from sglang_evs.methods import DEFAULT_METHOD, METHODS, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING, grid_tokens
 from sglang_evs.pruning.deletion import delete_tokens
+from sglang_evs.pruning.fields import ENCODER_PRUNED
 from sglang_evs.pruning.settings import Pruning
 
 RECORDS = "evs_video_pruning"  # the per-video records' attribute on SGLang's EmbeddingData
@@ -70,7 +71,12 @@ def lay_out_pruned(output, records: list[dict], video_rows: torch.Tensor, video_
 
     A video's pads are the `video_token_id` tokens inside its items' spans, and an item may have several
     spans (GLM writes a video's rows with its image token, one span per temporal group): an image's pads
-    are never taken for a video's, even where the two share a token id."""
+    are never taken for a video's, even where the two share a token id.
+
+    Each video item is marked with the request's method and rate (`fields.ENCODER_PRUNED`; one request has
+    one setting): a prefill server of a PD pair sends them in its layout, and its decode server, which lays
+    the same prompt out with its own pruning processor and never sees these records, compares them with its
+    own (`prefill_decode.layout_of`)."""
     ids = torch.as_tensor(output.input_ids)
     in_video = torch.zeros_like(ids, dtype=torch.bool)
     for item in output.mm_items:
@@ -93,12 +99,16 @@ def lay_out_pruned(output, records: list[dict], video_rows: torch.Tensor, video_
     keep = torch.ones_like(ids, dtype=torch.bool)
     keep[pads] = pad_mask
     kept_pad = keep & is_pad
+    pruned = [record for record in records if record["kept"] is not None]
+    setting = {"method": pruned[0]["method"], "rate": pruned[0]["rate"]} if pruned else None
     consumed = 0
     for item in output.mm_items:
         if item.is_video():
             kept_pads = sum(int(kept_pad[start : end + 1].sum()) for start, end in item.offsets)
             item.precomputed_embeddings = video_rows[consumed : consumed + kept_pads]
             consumed += kept_pads
+            if setting is not None:
+                item.model_specific_data[ENCODER_PRUNED] = dict(setting)
     delete_tokens(output, keep)
     return output
 

@@ -14,6 +14,10 @@ RATE = "evs_pruning_rate"  # q in (0, 1)
 REGION_IDS = "evs_region_ids"  # [len(R)] int64, unpruned region token ids
 REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region
 VIDEO_TOKENS = "evs_video_tokens"  # (before, after) pruning
+# {"method", "rate"} of a video an encoder server pruned, on a --language-only server's item (encoder_records):
+# the rows arrive pruned, so the item carries no RATE (which would have the model compute a keep-mask again).
+# A dict, which SGLang's per-item split of model_specific_data copies whole (a list may be split by item).
+ENCODER_PRUNED = "evs_encoder_pruned"
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,18 @@ class VideoTokenCounts:
 
 def is_pruned(item) -> bool:
     return RATE in item.model_specific_data
+
+
+def pruned_with(item) -> tuple[str, float] | None:
+    """(method, rate) a video item was pruned with, wherever it was: in this server's tokenizer (`is_pruned`:
+    the model prunes it) or by an encoder server (`ENCODER_PRUNED`: its rows arrived pruned); None: not
+    pruned. Both servers of a prefill/decode pair compare it (`prefill_decode.layout_of`)."""
+    data = item.model_specific_data
+    if RATE in data:
+        return data[METHOD], float(data[RATE])
+    if ENCODER_PRUNED in data:
+        return data[ENCODER_PRUNED]["method"], float(data[ENCODER_PRUNED]["rate"])
+    return None
 
 
 def video_grids(item) -> torch.Tensor:

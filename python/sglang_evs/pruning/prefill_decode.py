@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.methods import METHODS, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
-from sglang_evs.pruning.fields import METHOD, RATE, is_pruned
+from sglang_evs.pruning.fields import pruned_with
 
 # Slots of a request's `cached_tokens` metadata row (int32, 16 wide; SGLang writes 0-6, MetadataBuffers.set_buf).
 MARKER_SLOT, LENGTH_SLOT, DELTA_SLOT, METHOD_SLOT, RATE_SLOT = 7, 8, 9, 10, 11
@@ -56,16 +56,18 @@ class Layout(NamedTuple):
 def layout_of(req) -> Layout:
     """A scheduler's request as this server laid it out. The delta is SGLang's `mrope_position_delta`
     ([1, 1]; 0 without media, as its decode positions take it); the setting is a pruned video item's (one
-    request has one), its rate as a slot carries it (float32)."""
+    request has one), its rate as a slot carries it (float32). A video is pruned either here (the pruning
+    processor) or, on a `--language-only` prefill server, by its encoder servers (`fields.pruned_with`): the
+    decode server of such a prefill server prunes in its own processor, so the two compare alike."""
     inputs = getattr(req, "multimodal_inputs", None)
     delta = getattr(inputs, "mrope_position_delta", None)
     items = getattr(inputs, "mm_items", None) or ()
-    pruned = next((item.model_specific_data for item in items if item.is_video() and is_pruned(item)), None)
+    pruned = next((setting for item in items if item.is_video() and (setting := pruned_with(item))), None)
     return Layout(
         len(req.origin_input_ids),
         0 if delta is None else int(delta.flatten()[0]),
-        None if pruned is None else pruned[METHOD],
-        0.0 if pruned is None else _as_sent(float(pruned[RATE])),
+        None if pruned is None else pruned[0],
+        0.0 if pruned is None else _as_sent(pruned[1]),
     )
 
 

@@ -1,14 +1,25 @@
 """Start `python -m sglang_router.launch_router` (PyPI `sglang-router`) in front of running workers."""
 
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import requests
 
-from sglang_evs.testing.server import RunningServer, free_port, spawn, stop, wait_ready
+from sglang_evs.testing import warm_start
+from sglang_evs.testing.server import (
+    COLD_START_ENV,
+    RunningServer,
+    free_port,
+    server_environment,
+    spawn,
+    stop,
+    wait_ready,
+)
 
 
 def worker_args(pruning_rate: float) -> list[str]:
@@ -24,17 +35,18 @@ def worker_args(pruning_rate: float) -> list[str]:
 MEDIA_BALANCE_ARGS = ("--balance-abs-threshold", "4", "--balance-rel-threshold", "1.2")
 
 
+ROUTER_MODULE = "sglang_router.launch_router"
+
+
 def _router_base(port: int) -> list[str]:
     # its Prometheus exporter takes port 29000 by default: a second router on the machine would not start
-    return [
-        sys.executable, "-m", "sglang_router.launch_router",
-        "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-    ]  # fmt: skip
+    return ["--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port())]
 
 
 def router_command(
     worker_urls: Sequence[str], port: int, policy: str = "cache_aware", extra: Sequence[str] = ()
 ) -> list[str]:
+    """The router's arguments (after `python -m sglang_router.launch_router`)."""
     return [*_router_base(port), "--worker-urls", *worker_urls, "--policy", policy, *extra]
 
 
@@ -53,21 +65,43 @@ def healthy_workers(base_url: str) -> list[str]:
     return [worker["url"] for worker in body["workers"] if worker.get("is_healthy")]
 
 
+def _start(args: Sequence[str], log_path: str | Path):
+    """`python -m sglang_router.launch_router *args`, in a process group of its own. On the CPU route it is
+    forked from the servers' warm interpreter (`warm_start`, which has SGLang imported): the router's Python
+    side imports SGLang (its mini load balancer), about 5 s of CPU per router, which several routers
+    started on 2 cores beside servers turn into tens of seconds. `COLD_START_ENV=1`: a fresh interpreter."""
+    if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and os.environ.get(COLD_START_ENV) != "1":
+        return warm_start.start(ROUTER_MODULE, args, server_environment(cpu=True), str(log_path), None)
+    return spawn([sys.executable, "-m", ROUTER_MODULE, *args], log_path)
+
+
+class _Router(NamedTuple):
+    args: list[str]
+    port: int
+    worker_urls: Sequence[str]
+    log_path: str | Path
+
+
 @contextmanager
-def _running(command: Sequence[str], port: int, worker_urls: Sequence[str], log_path: str | Path):
-    """Launch a router command listening on `port`, wait until it lists every worker healthy, yield it,
-    always stop it."""
-    process = spawn(command, log_path)
-    base_url = f"http://127.0.0.1:{port}"
-
-    def every_worker_listed() -> bool:  # the router registers them in the background
-        return len(healthy_workers(base_url)) == len(worker_urls)
-
+def _running(*routers: _Router) -> Iterator[list[RunningServer]]:
+    """Launch the routers together, wait until each lists every worker of its own healthy, yield them, and
+    always stop them all."""
+    processes = []
     try:
-        wait_ready(every_worker_listed, process, log_path, "router", timeout=120, interval=0.5)
-        yield RunningServer(base_url, process, Path(log_path))
+        for router in routers:
+            processes.append(_start(router.args, router.log_path))
+        running = []
+        for router, process in zip(routers, processes, strict=True):
+            base_url = f"http://127.0.0.1:{router.port}"
+
+            def every_worker_listed(base_url=base_url, count=len(router.worker_urls)) -> bool:
+                return len(healthy_workers(base_url)) == count  # the router registers them in the background
+
+            wait_ready(every_worker_listed, process, router.log_path, "router", timeout=120, interval=0.5)
+            running.append(RunningServer(base_url, process, Path(router.log_path)))
+        yield running
     finally:
-        stop(process)
+        stop(*processes)
 
 
 @contextmanager
@@ -76,8 +110,31 @@ def running_router(
 ) -> Iterator[RunningServer]:
     """Launch the router, wait until it lists every worker healthy, yield it, always stop it."""
     port = free_port()
-    with _running(router_command(worker_urls, port, policy, extra), port, worker_urls, log_path) as router:
+    with _running(_Router(router_command(worker_urls, port, policy, extra), port, worker_urls, log_path)) as (router,):
         yield router
+
+
+class PdPair(NamedTuple):
+    """A prefill and a decode server for a router in PD mode, the prefill server's bootstrap port, its log."""
+
+    prefill: RunningServer
+    bootstrap_port: int
+    decode: RunningServer
+    log_path: str | Path
+
+
+@contextmanager
+def running_pd_routers(*pairs: PdPair) -> Iterator[list[RunningServer]]:
+    """A router in PD mode in front of each running prefill and decode server (`server.pd_launches`; one
+    server may be in several pairs), all started together, each once it lists its two servers healthy;
+    always stopped."""
+    routers = []
+    for pair in pairs:
+        port = free_port()
+        args = pd_router_command(pair.prefill.base_url, pair.bootstrap_port, pair.decode.base_url, port)
+        routers.append(_Router(args, port, [pair.prefill.base_url, pair.decode.base_url], pair.log_path))
+    with _running(*routers) as running:
+        yield running
 
 
 @contextmanager
@@ -86,7 +143,5 @@ def running_pd_router(
 ) -> Iterator[RunningServer]:
     """The router in PD mode in front of a running prefill and decode server (`server.pd_launches`), once it
     lists both healthy; always stopped."""
-    port = free_port()
-    command = pd_router_command(prefill.base_url, bootstrap_port, decode.base_url, port)
-    with _running(command, port, [prefill.base_url, decode.base_url], log_path) as router:
+    with running_pd_routers(PdPair(prefill, bootstrap_port, decode, log_path)) as (router,):
         yield router

@@ -248,7 +248,8 @@ def wait_healthy(base_url: str, process, log_path: Path, timeout: float = 240, e
 
 @dataclass(frozen=True)
 class Launch:
-    """One server to start (arguments as `start_server`)."""
+    """One server to start (arguments as `start_server`). `port`: its HTTP port where another server started
+    with it must name its URL (a `--language-only` server its encoders', `--encoder-urls`); None: one is picked."""
 
     model_path: str | Path
     log_path: str | Path
@@ -258,6 +259,7 @@ class Launch:
     cores: Sequence[int] | None = None
     launcher: str = "sglang.launch_server"
     graph_mode: bool = False
+    port: int | None = None
 
 
 def rank_count(args: Sequence[str]) -> int:
@@ -282,8 +284,8 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
     def start(index: int) -> None:
         launch = launches[index]
         processes[index] = start_server(
-            launch.model_path, launch.log_path, launch.extra_args, launch.env, cpu=launch.cpu, cores=launch.cores,
-            launcher=launch.launcher, graph_mode=launch.graph_mode,
+            launch.model_path, launch.log_path, launch.extra_args, launch.env, port=launch.port, cpu=launch.cpu,
+            cores=launch.cores, launcher=launch.launcher, graph_mode=launch.graph_mode,
         )  # fmt: skip
 
     def wait(index: int) -> RunningServer:
