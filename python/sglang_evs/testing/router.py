@@ -38,12 +38,16 @@ def router_command(
     return [*_router_base(port), "--worker-urls", *worker_urls, "--policy", policy, *extra]
 
 
-def pd_router_command(prefill_url: str, bootstrap_port: int, decode_url: str, port: int) -> list[str]:
-    """The router in PD mode: it sends each request to both servers, with the prefill server's bootstrap
-    address, and answers with the decode server's reply."""
+def pd_router_command(
+    prefill_url: str, bootstrap_port: int, decode_urls: str | Sequence[str], port: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """The router in PD mode: it sends each request to the prefill server and one of the decode servers (a
+    `--decode` each), with the prefill server's bootstrap address, and answers with the decode server's reply."""
+    decodes = [decode_urls] if isinstance(decode_urls, str) else list(decode_urls)
     return [
         *_router_base(port), "--pd-disaggregation",
-        "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
+        "--prefill", prefill_url, str(bootstrap_port), *(arg for url in decodes for arg in ("--decode", url)),
+        *extra,
     ]  # fmt: skip
 
 
@@ -82,11 +86,17 @@ def running_router(
 
 @contextmanager
 def running_pd_router(
-    prefill: RunningServer, decode: RunningServer, bootstrap_port: int, log_path: str | Path
+    prefill: RunningServer,
+    decode: RunningServer | Sequence[RunningServer],
+    bootstrap_port: int,
+    log_path: str | Path,
+    extra: Sequence[str] = (),
 ) -> Iterator[RunningServer]:
-    """The router in PD mode in front of a running prefill and decode server (`server.pd_launches`), once it
-    lists both healthy; always stopped."""
+    """The router in PD mode in front of a running prefill server and one decode server or several
+    (`server.pd_launches`, `server.pd_decode_launch`), with more router flags in `extra`, once it lists
+    them all healthy; always stopped."""
+    decodes = [decode] if isinstance(decode, RunningServer) else list(decode)
     port = free_port()
-    command = pd_router_command(prefill.base_url, bootstrap_port, decode.base_url, port)
-    with _running(command, port, [prefill.base_url, decode.base_url], log_path) as router:
+    command = pd_router_command(prefill.base_url, bootstrap_port, [d.base_url for d in decodes], port, extra)
+    with _running(command, port, [prefill.base_url, *(d.base_url for d in decodes)], log_path) as router:
         yield router
