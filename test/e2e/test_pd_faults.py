@@ -130,15 +130,11 @@ def served_chats(server: RunningServer) -> int:
 
 
 def load(server: RunningServer) -> int:
-    """Requests a decode server holds: running, waiting, and in its PD queues (preallocated, receiving KV), as
-    its scheduler reports them now (`/v1/loads`; the `/metrics` gauges of a decode server are refreshed
-    only every 40 decode steps)."""
-    total = 0
-    for rank in requests.get(f"{server.base_url}/v1/loads", timeout=10).json()["loads"]:
-        queues = rank.get("disaggregation") or {}
-        total += rank["num_running_reqs"] + rank["num_waiting_reqs"]
-        total += queues.get("decode_prealloc_queue_reqs", 0) + queues.get("decode_transfer_queue_reqs", 0)
-    return total
+    """Requests a decode server holds: running, and waiting (its waiting count takes in its PD queues:
+    preallocating, receiving KV), as its scheduler reports them now (`/v1/loads`; a decode server's
+    `/metrics` gauges are refreshed only every 40 decode steps)."""
+    ranks = requests.get(f"{server.base_url}/v1/loads", timeout=10).json()["loads"]
+    return sum(rank["num_running_reqs"] + rank["num_waiting_reqs"] for rank in ranks)
 
 
 class Killed(NamedTuple):
