@@ -98,6 +98,9 @@ def register_hooks() -> None:
 
         for runner in ("prefill", "decode", "draft_decode", "draft_extend"):
             register(sglang.hook_target(f"{runner}_graph_execute"), trace_graph_replay, around)
+        from sglang_evs.transfer_trace import record_transfer
+
+        register(sglang.hook_target("pd_transfer_data"), record_transfer, around)
     # Our models' language models take no tensor argument but input_embeds (deepstack and
     # positions sit in fixed buffers, models/graph_inputs.py), so SGLang's prefill CUDA
     # graphs may wrap them.

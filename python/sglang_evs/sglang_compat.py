@@ -159,6 +159,8 @@ HOOK_TARGETS: dict[str, str] = {
     "draft_extend_graph_execute": (
         "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner:EAGLEDraftExtendCudaGraphRunner.execute"
     ),
+    # traced only: each batch of blocks a prefill server's Mooncake transfers move (transfer_trace.py)
+    "pd_transfer_data": "sglang.srt.disaggregation.mooncake.conn:MooncakeKVManager._transfer_data",
 }
 
 # Server flags the plugin cannot serve with: ServerArgs attribute -> the command-line flag.

@@ -50,12 +50,16 @@ def router_command(
     return [*_router_base(port), "--worker-urls", *worker_urls, "--policy", policy, *extra]
 
 
-def pd_router_command(prefill_url: str, bootstrap_port: int, decode_url: str, port: int) -> list[str]:
-    """The router in PD mode: it sends each request to both servers, with the prefill server's bootstrap
-    address, and answers with the decode server's reply."""
+def pd_router_command(
+    prefill_url: str, bootstrap_port: int, decode_urls: str | Sequence[str], port: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """The router in PD mode: it sends each request to the prefill server and one of the decode servers (a
+    `--decode` each), with the prefill server's bootstrap address, and answers with the decode server's reply."""
+    decodes = [decode_urls] if isinstance(decode_urls, str) else list(decode_urls)
     return [
         *_router_base(port), "--pd-disaggregation",
-        "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
+        "--prefill", prefill_url, str(bootstrap_port), *(arg for url in decodes for arg in ("--decode", url)),
+        *extra,
     ]  # fmt: skip
 
 
@@ -115,33 +119,41 @@ def running_router(
 
 
 class PdPair(NamedTuple):
-    """A prefill and a decode server for a router in PD mode, the prefill server's bootstrap port, its log."""
+    """A prefill server and one decode server or several for a router in PD mode, the prefill server's
+    bootstrap port, the router's log and further router flags."""
 
     prefill: RunningServer
     bootstrap_port: int
-    decode: RunningServer
+    decode: RunningServer | Sequence[RunningServer]
     log_path: str | Path
+    extra: Sequence[str] = ()
 
 
 @contextmanager
 def running_pd_routers(*pairs: PdPair) -> Iterator[list[RunningServer]]:
-    """A router in PD mode in front of each running prefill and decode server (`server.pd_launches`; one
-    server may be in several pairs), all started together, each once it lists its two servers healthy;
-    always stopped."""
+    """A router in PD mode in front of each running prefill server and its decode servers (`server.pd_launches`,
+    `server.pd_decode_launch`; one server may be in several pairs), all started together, each once it lists
+    its servers healthy; always stopped."""
     routers = []
     for pair in pairs:
+        decodes = [pair.decode] if isinstance(pair.decode, RunningServer) else list(pair.decode)
         port = free_port()
-        args = pd_router_command(pair.prefill.base_url, pair.bootstrap_port, pair.decode.base_url, port)
-        routers.append(_Router(args, port, [pair.prefill.base_url, pair.decode.base_url], pair.log_path))
+        args = pd_router_command(pair.prefill.base_url, pair.bootstrap_port, [d.base_url for d in decodes], port,
+                                 pair.extra)  # fmt: skip
+        routers.append(_Router(args, port, [pair.prefill.base_url, *(d.base_url for d in decodes)], pair.log_path))
     with _running(*routers) as running:
         yield running
 
 
 @contextmanager
 def running_pd_router(
-    prefill: RunningServer, decode: RunningServer, bootstrap_port: int, log_path: str | Path
+    prefill: RunningServer,
+    decode: RunningServer | Sequence[RunningServer],
+    bootstrap_port: int,
+    log_path: str | Path,
+    extra: Sequence[str] = (),
 ) -> Iterator[RunningServer]:
-    """The router in PD mode in front of a running prefill and decode server (`server.pd_launches`), once it
-    lists both healthy; always stopped."""
-    with running_pd_routers(PdPair(prefill, bootstrap_port, decode, log_path)) as (router,):
+    """The router in PD mode in front of a running prefill server and one decode server or several, with more
+    router flags in `extra`, once it lists them all healthy; always stopped."""
+    with running_pd_routers(PdPair(prefill, bootstrap_port, decode, log_path, extra)) as (router,):
         yield router

@@ -32,6 +32,7 @@ RUNTIME_ENV = frozenset({
     "SGLANG_CPU_OMP_THREADS_BIND", "SGLANG_EVS_TEST_PERTURB_MASKS", "SGLANG_EVS_ENCODER_PATCH_BUDGET",
     "MOONCAKE_PROTOCOL", "MC_MIN_RPC_PORT", "MC_MAX_RPC_PORT",  # read when a PD server's transfer engine starts
     "SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL",  # read when a --language-only server's tokenizer starts
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",  # read when a prefill server's KV manager starts
 })  # fmt: skip
 KEPT_IDLE = 2  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
 PRELOAD = ("sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang_evs.launch_server")
