@@ -276,6 +276,13 @@ def installed_sglang_version() -> str:
         return "not installed"
 
 
+# Hook targets the startup check leaves to their registration (which fails as loudly where one is missing):
+# importing Mooncake's `conn` module in every process at plugin load runs SGLang's metrics imports before a
+# server sets its Prometheus multiprocess directory, and every server's /metrics then answers empty. Its hook
+# is registered only while tracing (`transfer_trace.py`).
+RESOLVED_WHEN_REGISTERED = frozenset({"pd_transfer_data"})
+
+
 def missing_internals(names: tuple[str, ...] | None = None) -> list[str]:
     """The internals (default: the startup ones and every hook target) this SGLang lacks."""
     paths = (
@@ -283,7 +290,7 @@ def missing_internals(names: tuple[str, ...] | None = None) -> list[str]:
         if names is not None
         else [
             *(INTERNALS[name] for name in STARTUP_INTERNALS),
-            *HOOK_TARGETS.values(),
+            *(path for name, path in HOOK_TARGETS.items() if name not in RESOLVED_WHEN_REGISTERED),
         ]
     )
     missing = []

@@ -18,7 +18,10 @@ that a benchmark can count the bytes a pruned prompt saves on the wire (`benchma
     status      Mooncake's return code (0: moved)
 
 Not seen here: a TP-resharding send (`send_kvcache_slice`, prefill and decode at other attention TP sizes),
-which calls Mooncake directly, and the metadata row over ZMQ (`SGLANG_MOONCAKE_SEND_AUX_TCP`).
+which calls Mooncake directly, and the metadata row over ZMQ (`SGLANG_MOONCAKE_SEND_AUX_TCP`). A traced
+server's /metrics answers empty: registering the hook imports Mooncake's `conn` module at plugin load, before
+the server sets its Prometheus multiprocess directory (so the startup check leaves this target out,
+`sglang_compat.RESOLVED_WHEN_REGISTERED`).
 """
 
 import sys
