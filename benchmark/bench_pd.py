@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     trace_path = args.workdir / "prefill-trace.jsonl"
     trace_path.unlink(missing_ok=True)
     server_args = ["--dtype", "float32", "--disable-radix-cache", *args.server_args.split()]
-    pd = pd_launches(model, args.workdir, server_args, {**env, trace.ENV: str(trace_path)})
+    pd = pd_launches(model, args.workdir, server_args, {**env, trace.ENV: str(trace_path), trace.TRANSFERS_ENV: "1"})
     pd = pd._replace(decode=pd_decode_launch(model, args.workdir / "decode.log", server_args, env))  # untraced
 
     samples: list[dict] = []

@@ -98,6 +98,7 @@ def register_hooks() -> None:
 
         for runner in ("prefill", "decode", "draft_decode", "draft_extend"):
             register(sglang.hook_target(f"{runner}_graph_execute"), trace_graph_replay, around)
+    if trace.transfers_enabled():
         from sglang_evs.transfer_trace import record_transfer
 
         register(sglang.hook_target("pd_transfer_data"), record_transfer, around)

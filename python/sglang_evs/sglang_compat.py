@@ -279,7 +279,7 @@ def installed_sglang_version() -> str:
 # Hook targets the startup check leaves to their registration (which fails as loudly where one is missing):
 # importing Mooncake's `conn` module in every process at plugin load runs SGLang's metrics imports before a
 # server sets its Prometheus multiprocess directory, and every server's /metrics then answers empty. Its hook
-# is registered only while tracing (`transfer_trace.py`).
+# is registered only while tracing transfers (`trace.TRANSFERS_ENV`, `transfer_trace.py`).
 RESOLVED_WHEN_REGISTERED = frozenset({"pd_transfer_data"})
 
 

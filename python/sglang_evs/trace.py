@@ -12,6 +12,9 @@ from contextlib import contextmanager
 
 ENV = "SGLANG_EVS_TRACE"
 POSITIONS_ENV = "SGLANG_EVS_TRACE_POSITIONS"  # =1: also every forward's rotary positions (large)
+# =1: also what a PD prefill server's Mooncake transfers move (transfer_trace.py). Its own switch: the hook
+# imports Mooncake's conn module at plugin load, which leaves the server's /metrics empty.
+TRANSFERS_ENV = "SGLANG_EVS_TRACE_TRANSFERS"
 
 
 def enabled() -> bool:
@@ -20,6 +23,10 @@ def enabled() -> bool:
 
 def positions_enabled() -> bool:
     return enabled() and os.environ.get(POSITIONS_ENV) == "1"
+
+
+def transfers_enabled() -> bool:
+    return enabled() and os.environ.get(TRANSFERS_ENV) == "1"
 
 
 _in_graph_replay = [False]

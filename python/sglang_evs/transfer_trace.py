@@ -1,5 +1,5 @@
-"""What a prefill server's Mooncake transfers moved to its decode servers (registered only while tracing,
-`SGLANG_EVS_TRACE`).
+"""What a prefill server's Mooncake transfers moved to its decode servers (registered only while tracing
+transfers: `SGLANG_EVS_TRACE` and `SGLANG_EVS_TRACE_TRANSFERS=1`).
 
 Under prefill/decode disaggregation the prefill server writes a request's KV, its metadata row and (for a
 hybrid model such as Qwen3.5) its linear-attention state into the decode server's memory through
@@ -18,8 +18,8 @@ that a benchmark can count the bytes a pruned prompt saves on the wire (`benchma
     status      Mooncake's return code (0: moved)
 
 Not seen here: a TP-resharding send (`send_kvcache_slice`, prefill and decode at other attention TP sizes),
-which calls Mooncake directly, and the metadata row over ZMQ (`SGLANG_MOONCAKE_SEND_AUX_TCP`). A traced
-server's /metrics answers empty: registering the hook imports Mooncake's `conn` module at plugin load, before
+which calls Mooncake directly, and the metadata row over ZMQ (`SGLANG_MOONCAKE_SEND_AUX_TCP`). A server tracing
+transfers answers /metrics empty: registering the hook imports Mooncake's `conn` module at plugin load, before
 the server sets its Prometheus multiprocess directory (so the startup check leaves this target out,
 `sglang_compat.RESOLVED_WHEN_REGISTERED`).
 """
