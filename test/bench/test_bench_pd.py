@@ -8,7 +8,10 @@ import pytest
 
 from sglang_evs import trace
 from sglang_evs.testing.benchmarks import load_benchmark
+from sglang_evs.testing.server import mooncake_missing
 from sglang_evs.transfer_trace import record_transfer
+
+MOONCAKE_MISSING = mooncake_missing()
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +20,7 @@ def bench():
 
 
 @pytest.mark.slow  # a PD pair and the router: about a minute on 2 cores
+@pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))
 def test_smoke_measures_both_rates_through_a_pair(bench, tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["--model-path", str(tiny_model_dir), "--rounds", "1", "--frames", "8", "--workdir", str(tmp_path),

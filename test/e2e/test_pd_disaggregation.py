@@ -87,12 +87,14 @@ from sglang_evs.testing.server import (
     Launch,
     RunningServer,
     free_port,
+    mooncake_missing,
     pd_decode_launch,
     pd_launches,
     running_servers,
 )
 
-pytestmark = pytest.mark.slow
+MOONCAKE_MISSING = mooncake_missing()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))]
 
 RATE = 0.5  # the servers' default rate (EVS on one pair and the reference, VidCom2 on the other pair)
 CHUNK = 29  # prefill chunk size: cuts the video's groups and the text around them

@@ -35,9 +35,10 @@ import requests
 from sglang_evs.testing import workload
 from sglang_evs.testing.requests import pruning_setting
 from sglang_evs.testing.router import healthy_workers, running_pd_router, worker_args
-from sglang_evs.testing.server import RunningServer, pd_decode_launch, pd_launches, running_servers
+from sglang_evs.testing.server import RunningServer, mooncake_missing, pd_decode_launch, pd_launches, running_servers
 
-pytestmark = pytest.mark.slow
+MOONCAKE_MISSING = mooncake_missing()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(MOONCAKE_MISSING is not None, reason=str(MOONCAKE_MISSING))]
 
 SERVER_ARGS = worker_args(0.5)  # float32, metrics, EVS q = .5 by default
 # How long the prefill server waits for a request's decode server to send its KV slots before failing the

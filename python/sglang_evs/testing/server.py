@@ -314,6 +314,18 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
 # handed out there may still wait for its server: it picks them between SGLang's random range and the
 # kernel's ephemeral one instead.
 PD_ENV = {"MOONCAKE_PROTOCOL": "tcp", "MC_MIN_RPC_PORT": "30000", "MC_MAX_RPC_PORT": "32000"}
+
+
+def mooncake_missing() -> str | None:
+    """Why Mooncake's transfer engine cannot load here (the setup installs it, and Debian's libibverbs1 where
+    it can: `scripts/setup_env.sh` warns where it could not), or None: a PD pair can run."""
+    try:
+        import mooncake.engine  # noqa: F401
+    except (ImportError, OSError) as error:
+        return f"Mooncake's transfer engine does not load ({error}): install libibverbs1 and rerun the setup"
+    return None
+
+
 PD_TRANSFER_ARGS = ("--disaggregation-transfer-backend", "mooncake")
 
 
