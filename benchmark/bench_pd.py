@@ -31,13 +31,12 @@ machine's cores.
 import argparse
 import json
 import statistics
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import requests
 
-from sglang_evs.bench.measure import stage_times, trace_size
+from sglang_evs.bench.measure import USAGE_FIELDS, stage_times, streamed_chat, trace_size
 from sglang_evs.bench.ratios import round_ratio
 
 KINDS = ("kv", "state", "metadata", "other")  # transfer_trace's kinds
@@ -51,30 +50,8 @@ def chat_body(clip: Path, rate: float, max_tokens: int = 1) -> dict:
     video = {"type": "video_url", "video_url": {"url": f"file://{clip}"}}
     content = [video, {"type": "text", "text": "Describe this."}]
     return {"model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            "temperature": 0, "stream": True, **USAGE_FIELDS,
             "chat_template_kwargs": pruning_setting(rate)}  # fmt: skip
-
-
-def streamed_chat(base_url: str, body: dict, timeout: float = 600) -> tuple[float, int]:
-    """(TTFT in ms: until the first chunk that carries a choice, the prompt tokens from the usage chunk)."""
-    start = time.perf_counter()
-    ttft, prompt_tokens = None, None
-    with requests.post(f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=timeout) as reply:
-        if reply.status_code != 200:
-            raise RuntimeError(f"{base_url} answered {reply.status_code}: {reply.text[:500]}")
-        for raw in reply.iter_lines():
-            if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
-                continue
-            chunk = json.loads(raw[len(b"data: ") :])
-            if chunk.get("error"):
-                raise RuntimeError(f"stream from {base_url} failed: {chunk['error']}")
-            if ttft is None and chunk.get("choices"):
-                ttft = (time.perf_counter() - start) * 1000
-            if chunk.get("usage"):
-                prompt_tokens = chunk["usage"]["prompt_tokens"]
-    if ttft is None or prompt_tokens is None:
-        raise RuntimeError(f"stream from {base_url} ended without a token or usage (ttft {ttft}, {prompt_tokens})")
-    return ttft, prompt_tokens
 
 
 def transferred(events: list[dict]) -> dict:
@@ -136,7 +113,7 @@ def measure(base_url: str, trace_path: Path, clip: Path, rate: float) -> dict:
     from sglang_evs import trace
 
     before, since = (len(trace.read(trace_path, "pd_transfer")) if trace_path.exists() else 0), trace_size(trace_path)
-    ttft_ms, prompt_tokens = streamed_chat(base_url, chat_body(clip, rate))
+    ttft_ms, _, prompt_tokens = streamed_chat(base_url, chat_body(clip, rate))
     events = trace.read(trace_path, "pd_transfer")[before:]  # all written before the decode server's first token
     stages = stage_times(trace_path, since)
     return {"ttft_ms": ttft_ms, "prompt_tokens": prompt_tokens, **{k: stages[k] for k in STAGES}, **transferred(events)}

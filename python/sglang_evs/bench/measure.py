@@ -98,20 +98,29 @@ def timed_video_request(base_url: str, line: dict, rate: float, method: str = "e
     """One dataset line at ``rate``, one output token, streamed with usage -> TTFT, latency, prompt tokens."""
     body = {"model": "default", "messages": line["messages"], "max_tokens": 1, "temperature": 0, "stream": True,
             **USAGE_FIELDS, **per_request_rate(rate, method)}  # fmt: skip
+    return streamed_chat(base_url, body)
+
+
+def streamed_chat(base_url: str, body: dict, timeout: float = 600) -> TimedRequest:
+    """A streamed chat request (`body` asks for usage, `USAGE_FIELDS`) -> TTFT until the first chunk that
+    carries a choice, latency until the stream ends, prompt tokens from the usage chunk."""
     start = time.perf_counter()
     ttft_ms, prompt_tokens = None, None
-    with requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600, stream=True) as response:
-        response.raise_for_status()
+    with requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=timeout, stream=True) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{base_url} answered {response.status_code}: {response.text[:500]}")
         for raw in response.iter_lines():
             if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
                 continue
             chunk = json.loads(raw[len(b"data: ") :])
+            if chunk.get("error"):
+                raise RuntimeError(f"stream from {base_url} failed: {chunk['error']}")
             if ttft_ms is None and chunk.get("choices"):
                 ttft_ms = (time.perf_counter() - start) * 1000
             if chunk.get("usage"):
                 prompt_tokens = chunk["usage"]["prompt_tokens"]
     if ttft_ms is None or prompt_tokens is None:
-        raise RuntimeError(f"stream from {base_url} ended without a token or usage")
+        raise RuntimeError(f"stream from {base_url} ended without a token or usage (ttft {ttft_ms}, {prompt_tokens})")
     return TimedRequest(ttft_ms, (time.perf_counter() - start) * 1000, prompt_tokens)
 
 
