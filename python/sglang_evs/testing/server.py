@@ -43,6 +43,9 @@ HYBRID_CPU_SERVER_ARGS = (
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 CPU_ROUTE_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "TORCHDYNAMO_DISABLE": "1"}
 CPU_ENV = {**CPU_ROUTE_ENV, **OFFLINE_ENV}
+# A server a test stops is not a crash to diagnose: SGLang's crash handler, which a stop by signal runs in every
+# server that has served a request, otherwise sleeps 5 s "to let GPU activity settle" before its py-spy dump.
+STOP_WITHOUT_DIAGNOSTICS_ENV = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
 
 
 def server_environment(
@@ -56,7 +59,7 @@ def server_environment(
     if not cpu:
         for key in CPU_ROUTE_ENV:
             env.pop(key, None)
-    env = {**env, **(CPU_ENV if cpu else OFFLINE_ENV), **(extra or {})}
+    env = {**env, **(CPU_ENV if cpu else OFFLINE_ENV), **STOP_WITHOUT_DIAGNOSTICS_ENV, **(extra or {})}
     return {**env, **cpu_rank_environment(server_args, env)} if cpu else env
 
 
