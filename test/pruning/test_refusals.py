@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported
+from sglang_evs.pruning.refusals import UNPROVEN_FLAGS, conflicting_setup, refuse_unsupported
 from sglang_evs.pruning.settings import NO_PRUNING, request_pruning, server_pruning
 
 
@@ -151,3 +151,25 @@ def test_encoder_disaggregation_of_a_family_whose_encoder_path_is_not_exact_refu
     conflict = conflicting_setup(SimpleNamespace(encoder_only=True), omni)
     assert conflict.startswith("encoder disaggregation (--encoder-only) of Qwen3OmniMoeForConditionalGeneration")
     assert conflicting_setup(SimpleNamespace(), omni) is None
+
+
+@pytest.mark.parametrize("attribute, flag", sorted(UNPROVEN_FLAGS.items()))
+def test_a_flag_not_run_with_pruning_is_named(attribute, flag):
+    assert conflicting_setup(SimpleNamespace(**{attribute: True})) == f"{flag} (not run with pruning)"
+    assert conflicting_setup(SimpleNamespace(**{attribute: False})) is None
+    with pytest.raises(ValueError, match=re.escape(f"not supported with {flag} (not run with pruning)")):
+        refuse_unsupported(
+            server_pruning(config(video_pruning_rate=0.5)), conflicting_setup(SimpleNamespace(**{attribute: True}))
+        )
+
+
+def test_the_flags_not_run_with_pruning_are_sglangs_own():
+    """Each is a flag of the installed SGLang's ServerArgs, stored under that attribute."""
+    import argparse
+
+    from sglang_evs import sglang_compat
+
+    parser = argparse.ArgumentParser()
+    sglang_compat.resolve("ServerArgs").add_cli_args(parser)
+    flags = {option: action.dest for action in parser._actions for option in action.option_strings}
+    assert {flag: flags.get(flag) for flag in UNPROVEN_FLAGS.values()} == {v: k for k, v in UNPROVEN_FLAGS.items()}

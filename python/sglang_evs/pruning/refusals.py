@@ -1,11 +1,11 @@
 """What a server refuses video pruning with, and why: the setups it cannot run exactly with, and the errors.
 
-A setup is named by `conflicting_setup` (speculative decoding with a draft blind to the pruned positions, under
-pipeline parallelism or with draft trees; prefill/decode disaggregation over another transfer backend than
-Mooncake; encoder disaggregation over another transport than the one that carries the records, or of an
-architecture whose record says its encoder path is unproven, `served.py`); `refuse_unsupported` turns it into
-the error a server (at startup) or a request (HTTP 400) gets when it asks to prune. The checkpoint checks read
-config.json without running remote code (`checkpoint_config`).
+A setup is named by `conflicting_setup` (a flag not run with pruning, `UNPROVEN_FLAGS`; speculative decoding
+with a draft blind to the pruned positions, under pipeline parallelism or with draft trees; prefill/decode
+disaggregation over another transfer backend than Mooncake; encoder disaggregation over another transport than
+the one that carries the records, or of an architecture whose record says its encoder path is unproven,
+`served.py`); `refuse_unsupported` turns it into the error a server (at startup) or a request (HTTP 400) gets
+when it asks to prune. The checkpoint checks read config.json without running remote code (`checkpoint_config`).
 """
 
 import functools
@@ -32,6 +32,9 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
       (`pruning/prefill_decode.py`) reads Mooncake's record of the decode server's KV slots, and no other
       backend has been run (Mooncake's TCP transport is, on the CPU route: `test/e2e/test_pd_disaggregation.py`).
     """
+    unproven = [flag for attr, flag in UNPROVEN_FLAGS.items() if getattr(server_args, attr, False)]
+    if unproven:
+        return f"{', '.join(unproven)} (not run with pruning)"
     algorithm = getattr(server_args, "speculative_algorithm", None)
     if algorithm is not None and not draft_reads_target_positions(server_args, hf_config):
         return f"speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm {algorithm})"
@@ -55,6 +58,22 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
         return f"{role} of {architecture} ({served.unproven_encoder_path})"
     return None
 
+
+# Server flags that touch batches, positions or embeddings and have not been run with pruning (SGLang 0.5.23;
+# docs/compatibility.md says what each does): ServerArgs attribute -> the flag, as errors name it.
+UNPROVEN_FLAGS = {
+    "enable_multi_layer_eagle": "--enable-multi-layer-eagle",  # its draft layers' positions: not checked
+    "enable_return_aux_hidden_states": "--enable-return-aux-hidden-states",
+    "enable_dynamic_chunking": "--enable-dynamic-chunking",  # pipeline chunks sized from measured latency
+    "enable_int8_mamba_checkpoint": "--enable-int8-mamba-checkpoint",  # radix-cached linear-attention state
+    "enable_pd_role_switch": "--enable-pd-role-switch",  # a server switching between prefill and decode
+    "enable_lmcache": "--enable-lmcache",  # KV kept outside SGLang under its token keys
+    "enable_unified_cache_external_linker": "--enable-unified-cache-external-linker",
+    "grpc_mode": "--grpc-mode",  # a front end that may prepare media without the plugin's processor
+    "smg_grpc_mode": "--smg-grpc-mode",
+    "enable_precise_embedding_interpolation": "--enable-precise-embedding-interpolation",  # the tower's embeddings
+    "enable_prefill_delayer": "--enable-prefill-delayer",  # prefills held back and batched
+}
 
 # The prefill/decode transfer backend pruning has been run over (and whose decode-side KV slots the prefill
 # server checks, pruning/prefill_decode.py); SGLang's default.
