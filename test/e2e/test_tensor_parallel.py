@@ -129,7 +129,7 @@ def test_the_unchunked_servers_broadcast_rank_0s_multimodal_inputs(served):
     built on rank 0 only serve the tokens of TP = 1, `test_tp2_greedy_tokens_equal_tp1`)."""
     broadcast = served["chunk"] is None
     for log in (served["log"], served["upstream log"]):
-        assert ("enable_broadcast_mm_inputs_process=True" in log) == broadcast
+        assert ("'enable_broadcast_mm_inputs_process': True" in log) == broadcast
 
 
 def test_in_graph_mode_both_ranks_replay_media_prefills_and_decodes(served):
