@@ -1,7 +1,9 @@
 """The plugin is found through SGLang's entry-point group and announces itself once per process."""
 
+import importlib.util
 import json
 import logging
+import os
 from importlib.metadata import entry_points
 
 import pytest
@@ -127,3 +129,27 @@ def test_server_with_adaptive_dispatch_stops_at_startup(tiny_model_dir, tmp_path
     text = log.read_text()
     assert "sglang-evs does not support --enable-adaptive-dispatch-to-encoder" in text
     assert "run_scheduler_process" not in text  # no scheduler was started
+
+
+def test_several_tokenizer_workers_import_the_app_that_loads_the_plugin(tiny_model_dir, tiny_gemma3_dir, monkeypatch):
+    """SGLang never loads plugins in its tokenizer workers, which import the HTTP app by the path in
+    `SGLANG_HTTP_SERVER_APP_PATH`: the plugin points it at its own app (SGLang's, after loading plugins). A path
+    set to another app is refused for this project's models, naming both; one worker leaves it alone."""
+    from sglang_evs.sglang_compat import HTTP_APP_PATH_ENV, UPSTREAM_HTTP_APP_PATH
+
+    monkeypatch.delenv(HTTP_APP_PATH_ENV, raising=False)
+    plugin.refuse_unsupported_server_args(None, _server_args(tiny_model_dir, tokenizer_worker_num=1))
+    assert HTTP_APP_PATH_ENV not in os.environ
+    for model in (tiny_model_dir, tiny_gemma3_dir):
+        monkeypatch.setenv(HTTP_APP_PATH_ENV, UPSTREAM_HTTP_APP_PATH)
+        plugin.refuse_unsupported_server_args(None, _server_args(model, tokenizer_worker_num=2))
+        assert os.environ[HTTP_APP_PATH_ENV] == plugin.TOKENIZER_WORKER_APP_PATH
+    module, _, attribute = plugin.TOKENIZER_WORKER_APP_PATH.partition(":")
+    source = importlib.util.find_spec(module).origin
+    assert f"\n{attribute} = " in open(source).read()  # the app it names (importing it would load SGLang's plugins)
+
+    monkeypatch.setenv(HTTP_APP_PATH_ENV, "my_server:app")
+    message = "--tokenizer-worker-num 2 with SGLANG_HTTP_SERVER_APP_PATH=my_server:app for Qwen3VLForConditional"
+    with pytest.raises(plugin.UnsupportedServerArgsError, match=message):
+        plugin.refuse_unsupported_server_args(None, _server_args(tiny_model_dir, tokenizer_worker_num=2))
+    plugin.refuse_unsupported_server_args(None, _server_args(tiny_gemma3_dir, tokenizer_worker_num=2))  # not ours

@@ -127,7 +127,35 @@ def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
             "routine serves it and has no adaptive-dispatch path; remove the flag or uninstall sglang-evs"
         )
     refuse_pruning_nothing_reads(server_args)
+    load_plugin_in_tokenizer_workers(server_args)
     return result
+
+
+# The HTTP app of a tokenizer worker: SGLang's, once the plugin is loaded (importing it loads SGLang's plugins)
+TOKENIZER_WORKER_APP_PATH = "sglang_evs.tokenizer_workers:app"
+
+
+def load_plugin_in_tokenizer_workers(server_args) -> None:
+    """With several tokenizer workers (`--tokenizer-worker-num` > 1), the HTTP app SGLang's worker processes
+    import is `TOKENIZER_WORKER_APP_PATH` (`tokenizer_workers.py`), which loads the plugin first (SGLang never
+    loads plugins there, so those workers would tokenize videos unpruned). A server whose app path was set to
+    another app cannot have it, and is refused for this project's models."""
+    from sglang_evs.served import SERVED
+    from sglang_evs.sglang_compat import HTTP_APP_PATH_ENV, UPSTREAM_HTTP_APP_PATH
+
+    workers = int(getattr(server_args, "tokenizer_worker_num", 1) or 1)
+    if workers <= 1:
+        return
+    app_path = os.environ.get(HTTP_APP_PATH_ENV, UPSTREAM_HTTP_APP_PATH)
+    if app_path in (UPSTREAM_HTTP_APP_PATH, TOKENIZER_WORKER_APP_PATH):
+        os.environ[HTTP_APP_PATH_ENV] = TOKENIZER_WORKER_APP_PATH
+        return
+    if (architecture := checkpoint_architecture(server_args)) in SERVED:
+        raise UnsupportedServerArgsError(
+            f"sglang-evs does not support --tokenizer-worker-num {workers} with {HTTP_APP_PATH_ENV}={app_path} "
+            f"for {architecture}: each tokenizer worker must import {TOKENIZER_WORKER_APP_PATH}, which loads the "
+            f"plugin before SGLang's app; unset {HTTP_APP_PATH_ENV} or serve with one tokenizer worker"
+        )
 
 
 def refuse_encoder_data_parallel(server_args, *args, **kwargs) -> None:

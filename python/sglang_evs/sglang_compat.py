@@ -109,7 +109,13 @@ INTERNALS: dict[str, str] = {
     # and how a scheduler fails a request it holds for a transfer
     "is_fake_transfer": "sglang.srt.disaggregation.utils:_is_fake_transfer",
     "prepare_abort": "sglang.srt.disaggregation.utils:prepare_abort",
+    # several tokenizer workers (`--tokenizer-worker-num` > 1): each is a fresh process that imports the HTTP app
+    # by the path in HTTP_APP_PATH_ENV and never calls `load_plugins` (`tokenizer_workers.py`)
+    "load_plugins": "sglang.srt.plugins:load_plugins",
+    "http_server_app": "sglang.srt.entrypoints.http_server:app",
 }
+HTTP_APP_PATH_ENV = "SGLANG_HTTP_SERVER_APP_PATH"
+UPSTREAM_HTTP_APP_PATH = "sglang.srt.entrypoints.http_server:app"  # its default: INTERNALS["http_server_app"]
 # What the plugin hooks (HookRegistry targets), name used in this package -> "module:attribute path".
 HOOK_TARGETS: dict[str, str] = {
     "resolve_model_cls": "sglang.srt.models.registry:_ModelRegistry.resolve_model_cls",

@@ -2,7 +2,10 @@
 at q = 0 exactly what upstream SGLang serves at `--tp-size 2`.
 
 Text, an image, and 6-group videos (moving, noise and static clips) at q = 0 and q = .75, each on
-servers without and with chunked prefill (64-token chunks cut the videos). The chunked TP = 2 servers
+servers without and with chunked prefill (64-token chunks cut the videos). The unchunked TP = 2 servers (upstream's
+too) build each request's multimodal inputs on rank 0 only and broadcast them to rank 1
+(`--enable-broadcast-mm-inputs-process`: a pruned video's item, its keep-mask fields and unpruned layout included,
+crosses as rank 0 built it). The chunked TP = 2 servers
 also run the vision tower data-parallel over the TP ranks (`--mm-enable-dp-encoder`: each rank encodes
 part of the batch's media, then they gather), and run in graph mode (`sglang_evs.testing.server`), as a
 GPU serves by default: each rank replays SGLang's decode graphs and the prefill graphs the plugin turns
@@ -67,14 +70,19 @@ def served_tokens(results: dict[str, Generation]) -> dict[str, tuple[list[int], 
 UNPRUNED = ("text", "image q=0.0", "moving video q=0.0", "noise video q=0.0", "static video q=0.0")
 
 
-@pytest.fixture(scope="module", params=[None, 64], ids=["whole-prefill", "chunked-64-dp-encoder-graphs"])
+BROADCAST_MM_INPUTS = "--enable-broadcast-mm-inputs-process"
+
+
+@pytest.fixture(
+    scope="module", params=[None, 64], ids=["whole-prefill-broadcast-mm-inputs", "chunked-64-dp-encoder-graphs"]
+)
 def served(request, tiny_model_dir, tiny_server, tmp_path_factory, scale_media):
     """Every case from a TP=1 server (the session's, unchunked: chunking is exact, so it is the reference
     for both settings) and a TP=2 server, the q = 0 cases from upstream at TP=2 (one server after the
     other), and the TP=2 server's log and trace."""
     chunk = request.param
     args = ["--dtype", "float32"] + (["--chunked-prefill-size", str(chunk)] if chunk else [])
-    tp2 = ["--tp-size", "2"] + (["--mm-enable-dp-encoder"] if chunk else [])
+    tp2 = ["--tp-size", "2"] + (["--mm-enable-dp-encoder"] if chunk else [BROADCAST_MM_INPUTS])
     cases = requests_to_compare(scale_media)
     folder = tmp_path_factory.mktemp(f"tp_{chunk}")
     plans = {
@@ -91,7 +99,8 @@ def served(request, tiny_model_dir, tiny_server, tmp_path_factory, scale_media):
         for server, (name, (_, _, sent)) in zip(servers, plans.items(), strict=True):
             results[name] = serve_all(server, sent)
             logs[name] = server.log()
-    return {"results": results, "log": logs[2], "trace": folder / "trace-tp2.jsonl", "chunk": chunk}
+    return {"results": results, "log": logs[2], "upstream log": logs["upstream"], "trace": folder / "trace-tp2.jsonl",
+            "chunk": chunk}  # fmt: skip
 
 
 TIE_BOUND = "static video q=0.75"  # every score after group 0 within rounding noise (module docstring)
@@ -113,6 +122,14 @@ def test_tp2_at_q0_is_bit_identical_to_upstream_tp2(served):
                 upstream[name].prompt_tokens,
             )
             assert logprob_gap(ours[name], upstream[name]) < GRAPH_TOLERANCE, name
+
+
+def test_the_unchunked_servers_broadcast_rank_0s_multimodal_inputs(served):
+    """SGLang logs its resolved arguments: the flag reached both TP = 2 servers (where a pruned video's inputs
+    built on rank 0 only serve the tokens of TP = 1, `test_tp2_greedy_tokens_equal_tp1`)."""
+    broadcast = served["chunk"] is None
+    for log in (served["log"], served["upstream log"]):
+        assert ("'enable_broadcast_mm_inputs_process': True" in log) == broadcast
 
 
 def test_in_graph_mode_both_ranks_replay_media_prefills_and_decodes(served):

@@ -9,8 +9,10 @@ import torch
 from sglang_evs.methods import VIDCOM2
 from sglang_evs.pruning.disaggregated import (
     ASKED,
+    ENCODER_SETTINGS,
     carry_pruning_to_encoders,
     refuse_rows_without_records,
+    remember_video_settings,
     with_asked_pruning,
 )
 from sglang_evs.pruning.encoder_records import video_record
@@ -90,3 +92,32 @@ def test_a_transport_that_cannot_carry_the_records_refuses_a_pruning_request():
     with pytest.raises(ValueError, match=r"video_pruning_rate=0.75.*--encoder-transfer-backend mooncake"):
         carry_pruning_to_encoders(tokenizer_manager, generate_request({"video_pruning_rate": 0.75}))
     carry_pruning_to_encoders(tokenizer_manager, generate_request(None))  # q = 0 serves
+
+
+def encoder_with_global_cache(cached: bool) -> SimpleNamespace:
+    """The fields of an `--encoder-only` server (with or without `--enable-mm-global-cache`) the hook reads."""
+    return SimpleNamespace(
+        server_args=SimpleNamespace(encoder_only=True, enable_mm_global_cache=cached),
+        model_config=SimpleNamespace(hf_config=config()),
+        preprocessor=SimpleNamespace(_flatten_nested_items=lambda items: items),
+    )
+
+
+def test_an_encoder_with_the_global_multimodal_cache_refuses_a_pruning_request_naming_the_flag():
+    import asyncio
+
+    video = SimpleNamespace(name="VIDEO")
+
+    async def prepare(encoder, requests, modality):
+        return SimpleNamespace(num_items=1, items_per_req=[1], aux_data={})
+
+    def remember(leaf: dict, cached: bool) -> SimpleNamespace:
+        requests = [{"mm_items": [leaf]}]
+        encoder = encoder_with_global_cache(cached)
+        return asyncio.run(remember_video_settings(prepare, encoder, requests, video))
+
+    pruned = {"video_pruning_method": "evs", "video_pruning_rate": 0.75}
+    with pytest.raises(ValueError, match=r"video_pruning_rate=0.75.*--encoder-only.*--enable-mm-global-cache"):
+        remember(pruned, cached=True)
+    assert remember({"video_pruning_rate": 0.0}, cached=True).aux_data == {}  # q = 0 serves as upstream
+    assert remember(pruned, cached=False).aux_data[ENCODER_SETTINGS] == [pruned]

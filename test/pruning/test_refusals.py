@@ -123,6 +123,19 @@ def test_an_eagle3_draft_prunes_only_where_it_reads_mrope_positions(draft_config
             {"language_only": True, "encoder_transfer_backend": "mooncake"},
             "encoder disaggregation (--language-only) over --encoder-transfer-backend mooncake",
         ),
+        ({"encoder_only": True, "enable_mm_global_cache": False}, None),
+        (
+            {"encoder_only": True, "enable_mm_global_cache": True},
+            "encoder disaggregation (--encoder-only) with --enable-mm-global-cache (a video it finds cached skips "
+            "the encoder, and the pruning)",
+        ),
+        ({"enable_mm_global_cache": True}, None),  # read by encoder servers only
+        ({"attn_cp_size": 1, "enable_prefill_cp": False}, None),
+        ({"attn_cp_size": 2}, "context parallelism (--attn-cp-size 2)"),
+        (
+            {"attn_cp_size": 2, "enable_prefill_cp": True},
+            "context parallelism (--attn-cp-size 2 --enable-prefill-cp)",
+        ),
         ({"disaggregation_mode": "null"}, None),
         ({"disaggregation_mode": "prefill"}, None),  # Mooncake, SGLang's default backend
         ({"disaggregation_mode": "decode", "disaggregation_transfer_backend": "mooncake"}, None),

@@ -28,7 +28,7 @@ from sglang_evs import trace
 from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
 from sglang_evs.pruning.encoder_records import RECORDS, kept_counts, prune_encoded_videos, settings_for_encoder
 from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported
-from sglang_evs.pruning.settings import Pruning, pruning_from, server_pruning
+from sglang_evs.pruning.settings import NO_PRUNING, Pruning, pruning_from, server_pruning
 
 ASKED = "__sglang_evs_video_pruning"  # the request's setting, in its sampling parameters' custom_params
 ENCODER_SETTINGS = "evs_video_settings"  # each video's settings, on the encode context until the rows exist
@@ -108,7 +108,8 @@ def settings_to_video_entries(result: list, receiver, request_obj, *args, **kwar
 
 async def remember_video_settings(original, encoder, requests, modality, *args, **kwargs):
     """AROUND hook on the encoder's `_prepare_encode_context`: each video's settings, in the order of
-    its grids, onto the context for `prune_on_encoder`."""
+    its grids, onto the context for `prune_on_encoder`; a setting that prunes on an encoder whose setup cannot
+    prune (`refusals.conflicting_setup`: its global multimodal cache) fails the request naming both."""
     context = await original(encoder, requests, modality, *args, **kwargs)
     if getattr(modality, "name", None) != "VIDEO":
         return context
@@ -117,6 +118,9 @@ async def remember_video_settings(original, encoder, requests, modality, *args, 
     settings = [{key: leaf[key] for key in keys if key in leaf} if isinstance(leaf, dict) else {} for leaf in leaves]
     if not any(setting.get(PRUNING_RATE_SETTING) for setting in settings):
         return context
+    conflict = conflicting_setup(encoder.server_args, encoder.model_config.hf_config)
+    for setting in settings:
+        refuse_unsupported(pruning_from(setting, NO_PRUNING), conflict)
     if len(settings) != context.num_items or len(context.items_per_req) != 1:
         raise RuntimeError(
             f"sglang-evs: cannot prune {context.num_items} encoded videos of {len(context.items_per_req)} "

@@ -1,11 +1,12 @@
 """What a server refuses video pruning with, and why: the setups it cannot run exactly with, and the errors.
 
 A setup is named by `conflicting_setup` (a flag not run with pruning, `UNPROVEN_FLAGS`; speculative decoding
-with a draft blind to the pruned positions, under pipeline parallelism or with draft trees; prefill/decode
-disaggregation over another transfer backend than Mooncake; encoder disaggregation over another transport than
-the one that carries the records, or of an architecture whose record says its encoder path is unproven,
-`served.py`); `refuse_unsupported` turns it into the error a server (at startup) or a request (HTTP 400) gets
-when it asks to prune. The checkpoint checks read config.json without running remote code (`checkpoint_config`).
+with a draft blind to the pruned positions, under pipeline parallelism or with draft trees; context parallelism;
+prefill/decode disaggregation over another transfer backend than Mooncake; encoder disaggregation over another
+transport than the one that carries the records, with the global multimodal cache, or of an architecture whose
+record says its encoder path is unproven, `served.py`); `refuse_unsupported` turns it into the error a server (at
+startup) or a request (HTTP 400) gets when it asks to prune. The checkpoint checks read config.json without running
+remote code (`checkpoint_config`).
 """
 
 import functools
@@ -26,8 +27,13 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
       run a tree with pruning, on any device: the CPU route runs chains only);
     - encoder disaggregation over a transport other than SGLang's default `zmq_to_scheduler` (the
       encoder prunes and sends a record per video with the kept rows, `pruning/disaggregated.py`;
-      Mooncake publishes the row counts before the encoder has run), or of a model whose encoder path is
-      inexact upstream or has not been run with pruning;
+      Mooncake publishes the row counts before the encoder has run), or with SGLang's global multimodal
+      cache on the encoder (`--enable-mm-global-cache`: a video whose hash it holds takes its rows from the
+      cache instead of the encoder's forward, so it gets no keep-mask and no record), or of a model whose
+      encoder path is inexact upstream or has not been run with pruning;
+    - context parallelism (`--attn-cp-size` > 1, `--enable-prefill-cp`): each rank runs part of a prompt's tokens,
+      cut from the positions SGLang hands the model, which never held the pruned ones; no run of it with pruning
+      exists (SGLang's own first forward fails on the CPU route's attention backend, `docs/compatibility.md`);
     - prefill/decode disaggregation over a transfer backend other than Mooncake: the layout handshake
       (`pruning/prefill_decode.py`) reads Mooncake's record of the decode server's KV slots, and no other
       backend has been run (Mooncake's TCP transport is, on the CPU route: `test/e2e/test_pd_disaggregation.py`).
@@ -43,6 +49,11 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     topk = getattr(server_args, "speculative_eagle_topk", None) or 1
     if algorithm is not None and topk > 1:
         return f"speculative draft trees (--speculative-eagle-topk {topk}; chains, topk 1, are proven)"
+    cp_size = int(getattr(server_args, "attn_cp_size", 1) or 1)
+    prefill_cp = bool(getattr(server_args, "enable_prefill_cp", False))
+    if cp_size > 1 or prefill_cp:
+        flags = [f"--attn-cp-size {cp_size}"] if cp_size > 1 else []
+        return f"context parallelism ({' '.join(flags + ['--enable-prefill-cp'] * prefill_cp)})"
     mode = getattr(server_args, "disaggregation_mode", "null")
     backend = getattr(server_args, "disaggregation_transfer_backend", PD_TRANSFER_BACKEND)
     if mode in ("prefill", "decode") and backend != PD_TRANSFER_BACKEND:
@@ -52,6 +63,8 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     transport = getattr(server_args, "encoder_transfer_backend", PRUNING_TRANSPORT)
     if role is not None and transport not in (PRUNING_TRANSPORT, "auto"):  # auto: zmq_to_scheduler for ours
         return f"{role} over --encoder-transfer-backend {transport}"
+    if role is not None and getattr(server_args, "enable_mm_global_cache", False):
+        return f"{role} with --enable-mm-global-cache (a video it finds cached skips the encoder, and the pruning)"
     architecture = (getattr(hf_config, "architectures", None) or [None])[0]
     served = SERVED.get(architecture)
     if role is not None and served is not None and served.unproven_encoder_path is not None:

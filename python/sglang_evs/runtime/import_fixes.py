@@ -30,12 +30,19 @@
 10. `sglang.srt.entrypoints.engine` starts its scheduler and detokenizer processes by `spawn` (a CUDA
     process cannot fork): each imported SGLang again, about 4 s of the 2-core machine's 15 s server start.
     With no CUDA to protect they are forked from the launching process, which has imported it already;
-    each still loads SGLang's plugins itself, as a spawned one does.
+    each still loads SGLang's plugins itself, as a spawned one does. uvicorn spawns the HTTP tokenizer workers
+    of `--tokenizer-worker-num` > 1 the same way (`uvicorn._subprocess.spawn`): forked too.
 11. Prefill/decode disaggregation (`runtime/disaggregation.py`): the host KV pool a decode server builds at
     startup (also `--enable-hierarchical-cache`'s) pins its buffers with `cudaHostRegister`: over a CPU device
     pool it allocates them unpinned; the prefill server's KV sender records `torch.cuda` events and pins page
     indices: the CPU device module's no-op events stand in, and nothing is pinned; the pool's reserve of
     free memory is 1 GiB, not a GPU host's 10.
+12. `--enable-hierarchical-cache` (`runtime/hierarchical_cache.py`): the MHA host pool's copies between the
+    device and host KV pools are `sgl_kernel.kvcacheio` ops it imports only on CUDA, ROCm and XPU: torch
+    bodies are bound into `sglang.srt.mem_cache.pool_host.mha` under the names it calls.
+13. LoRA (`runtime/lora.py`): SGLang's LoRA layers and torch-native LoRA backend pin small host tensors, which
+    raises on a CPU-only torch: in those modules nothing is created pinned, and a server that builds a
+    `LoRAManager` gets a `Tensor.pin_memory` that returns the tensor itself.
 """
 
 import importlib.abc
@@ -123,6 +130,11 @@ def _fork_server_processes(module: ModuleType) -> None:
     module._set_envs_and_config = then_fork
 
 
+def _fork_tokenizer_workers(module: ModuleType) -> None:
+    """uvicorn starts the tokenizer workers of `--tokenizer-worker-num` > 1 by `spawn`: fork them too."""
+    module.spawn = multiprocessing.get_context("fork")
+
+
 def _load_plugins_again() -> None:
     """A forked server process loads SGLang's plugins as a spawned one does (SGLang calls `load_plugins`
     early in each process; its flag, copied from the parent, would make that a no-op)."""
@@ -145,9 +157,14 @@ SGLANG_CPU_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.layers.attention.qsa.metadata": _deferred("qsa:install_gather"),
     "sglang.srt.layers.attention.qsa.qsa_indexer": _deferred("qsa:install_indexer"),
     "sglang.srt.entrypoints.engine": _fork_server_processes,
+    "uvicorn._subprocess": _fork_tokenizer_workers,
     "sglang.srt.mem_cache.pool_host.common": _deferred("disaggregation:host_pool_unpinned"),
     "sglang.srt.mem_cache.pool_host.base": _deferred("disaggregation:host_memory_reserve_on_cpu"),
     "sglang.srt.disaggregation.prefill": _deferred("disaggregation:prefill_sender_on_cpu"),
+    "sglang.srt.mem_cache.pool_host.mha": _deferred("hierarchical_cache:install"),
+    "sglang.srt.lora.layers": _deferred("lora:lora_modules_unpinned"),
+    "sglang.srt.lora.backend.torch_backend": _deferred("lora:lora_modules_unpinned"),
+    "sglang.srt.lora.lora_manager": _deferred("lora:pin_memory_is_a_no_op"),
 }
 
 

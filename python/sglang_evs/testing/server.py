@@ -241,15 +241,18 @@ def wait_ready(
 READY_LINE = "The server is fired up and ready to roll!"  # SGLang logs it once its warm-up request was served
 
 
-def wait_healthy(base_url: str, process, log_path: Path, timeout: float = 240, encoder_only: bool = False) -> None:
-    """Until the server has served SGLang's own warm-up request (its log says so); an `--encoder-only`
-    server, which has no warm-up, until /health_generate answers (each call of which waits a second)."""
+def wait_healthy(
+    base_url: str, process, log_path: Path, timeout: float = 240, encoder_only: bool = False, warm_ups: int = 1
+) -> None:
+    """Until the server has served SGLang's own warm-up requests (its log says so, once per warm-up: one per
+    tokenizer worker, `warm_ups`; a test request sent while one still decodes would share its batches); an
+    `--encoder-only` server, which has no warm-up, until /health_generate answers (each call waits a second)."""
 
     def healthy() -> bool:
         if encoder_only:
             return requests.get(f"{base_url}/health_generate", timeout=10).status_code == 200
         log = Path(log_path)
-        return log.exists() and READY_LINE in log.read_text(errors="replace")
+        return log.exists() and log.read_text(errors="replace").count(READY_LINE) >= warm_ups
 
     wait_ready(healthy, process, log_path, "server", timeout)
 
@@ -268,6 +271,12 @@ class Launch:
     launcher: str = "sglang.launch_server"
     graph_mode: bool = False
     port: int | None = None
+
+
+def tokenizer_workers(args: Sequence[str]) -> int:
+    """HTTP tokenizer processes a server runs (`--tokenizer-worker-num`), each of which sends a warm-up request."""
+    args = list(args)
+    return int(args[args.index("--tokenizer-worker-num") + 1]) if "--tokenizer-worker-num" in args else 1
 
 
 def rank_count(args: Sequence[str]) -> int:
@@ -299,7 +308,10 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
     def wait(index: int) -> RunningServer:
         launch, process = launches[index], processes[index]
         base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
-        wait_healthy(base_url, process, Path(launch.log_path), timeout, "--encoder-only" in launch.extra_args)
+        encoder_only = "--encoder-only" in launch.extra_args
+        wait_healthy(
+            base_url, process, Path(launch.log_path), timeout, encoder_only, tokenizer_workers(launch.extra_args)
+        )
         return RunningServer(base_url, process, Path(launch.log_path))
 
     try:

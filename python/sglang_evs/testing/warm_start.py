@@ -36,6 +36,7 @@ RUNTIME_ENV = frozenset({
     "MOONCAKE_PROTOCOL", "MC_MIN_RPC_PORT", "MC_MAX_RPC_PORT",  # read when a PD server's transfer engine starts
     "SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL",  # read when a --language-only server's tokenizer starts
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",  # read when a prefill server's KV manager starts
+    "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT",  # read when a server starts its HTTP tokenizer workers
 })  # fmt: skip
 KEPT_IDLE = 2  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
 PRELOAD = (
