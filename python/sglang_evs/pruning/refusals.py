@@ -5,7 +5,8 @@ pipeline parallelism or with draft trees; prefill/decode disaggregation over ano
 Mooncake; encoder disaggregation over another transport than the one that carries the records, or of an
 architecture whose record says its encoder path is unproven, `served.py`); `refuse_unsupported` turns it into
 the error a server (at startup) or a request (HTTP 400) gets when it asks to prune. The checkpoint checks read
-config.json without running remote code (`checkpoint_config`).
+config.json without running remote code (`checkpoint_config`). One request feature is refused with pruning too:
+input logprobs over a pruned video (`refuse_prompt_logprobs_over_pruned_videos`).
 """
 
 import functools
@@ -13,6 +14,7 @@ import json
 from pathlib import Path
 
 from sglang_evs.methods import PRUNING_RATE_SETTING
+from sglang_evs.pruning.fields import is_pruned, region_span
 from sglang_evs.pruning.settings import Pruning
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
 
@@ -124,4 +126,33 @@ def refuse_unsupported(pruning: Pruning, conflict: str | None) -> None:
         raise ValueError(
             f"{PRUNING_RATE_SETTING}={pruning.rate}: video pruning ({pruning.method.name}) is not supported with "
             f"{conflict} yet; set {PRUNING_RATE_SETTING} to 0 (or unset it) or serve without {conflict}"
+        )
+
+
+# The /generate field that asks for input (prompt) logprobs from that index of the prompt on.
+LOGPROB_START_SETTING = "logprob_start_len"
+
+
+def refuse_prompt_logprobs_over_pruned_videos(request_obj, output, pruning: Pruning) -> None:
+    """ValueError (HTTP 400) naming `logprob_start_len` and the pruning setting where a request asks for input
+    logprobs from a token before the end of a pruned video's region (`output`: the processor output, regions
+    laid out). `logprob_start_len` indexes the served prompt, the pruned one, as every other prompt index does.
+
+    Why not served there: SGLang reports every token of a media item's span as the placeholder (token id 0,
+    and the logprob of the clamped placeholder id as the next token), and a pruned region is one span that
+    also holds the framing text between temporal groups (timestamps, vision markers), whose rows the keep-mask
+    places only when the video is encoded, after the scheduler has fixed which token each row scores. So
+    those tokens would be scored as placeholders where upstream scores their text. From the region's end on,
+    every row is a text token at its exact position: served as upstream serves it."""
+    start = getattr(request_obj, "logprob_start_len", None)
+    if not getattr(request_obj, "return_logprob", False) or start is None or start < 0:
+        return
+    ends = [region_span(item)[1] for item in output.mm_items if item.is_video() and is_pruned(item)]
+    if ends and start < max(ends):
+        raise ValueError(
+            f"{LOGPROB_START_SETTING}={start}: input logprobs over a video pruned with {PRUNING_RATE_SETTING}="
+            f"{pruning.rate} ({pruning.method.name}) are not served, since its framing text is laid out only when "
+            f"it is encoded; ask from {LOGPROB_START_SETTING}={max(ends)} on (the first token after the pruned "
+            f"video; it indexes the pruned prompt, of {len(output.input_ids)} tokens) or set "
+            f"{PRUNING_RATE_SETTING} to 0"
         )
