@@ -4,7 +4,7 @@ checked, and the server's traced keep-masks as oracle arguments. Shared by the m
 Qwen2-VL, GLM-4V, Qwen3-Omni, the hybrid families, speculative decoding)."""
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
@@ -113,14 +113,16 @@ def hf_greedy_on_kept(
     model, embeds: torch.Tensor, positions: torch.Tensor, delta, keep: torch.Tensor, video_rows: torch.Tensor,
     steps: int, shift_from_video: int = 0, shift_text_back: bool = False,
     visual: torch.Tensor | None = None, deepstack: list[torch.Tensor] | None = None, ids: torch.Tensor | None = None,
-    forced: list[int] | None = None,
+    forced: list[int] | None = None, appended: Sequence[int] = (),
 ) -> HFReference:  # fmt: skip
     """The reference rule on a prompt HF laid out unpruned: the rows in ``keep`` [T] bool, at the positions
     the model's own ``get_rope_index`` gave them (``positions`` [3, 1, T], changed in place; ``delta`` its
     decode offset), greedily decoded (``hf_greedy_decode``; ``visual`` [T] bool, unpruned, and the kept
     ``deepstack`` rows for Qwen3-VL; ``ids`` [T], unpruned, for Qwen4-Exp; ``forced``, the served tokens to
     follow). ``video_rows`` [T] bool marks the
-    video's rows. Two controls: ``shift_from_video``, every token from the video's first row on (generated
+    video's rows. ``appended``: token ids that follow the prompt before decoding starts (a session's earlier
+    reply and its next question), each at its index plus the decode offset, as every later token.
+    Two controls: ``shift_from_video``, every token from the video's first row on (generated
     ones too) moved by that many positions (a one-position error); ``shift_text_back``, the text after the
     video moved back by the pruned count, as a rule that renumbers the compacted sequence would place it."""
     pruned, index = int((~keep).sum()), torch.arange(keep.numel())
@@ -131,19 +133,58 @@ def hf_greedy_on_kept(
     offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
     kept_visual = None if visual is None else visual[keep]
     kept_ids = None if ids is None else ids[keep]
+    embeds, positions = embeds[keep], positions[:, :, keep]
+    if appended:
+        embeds, positions = append_text(model, embeds, positions, offset, appended)
+        kept_visual = None if kept_visual is None else torch.cat([kept_visual, torch.zeros(len(appended), dtype=bool)])
+        kept_ids = None if kept_ids is None else torch.cat([kept_ids, torch.tensor(list(appended))])
     tokens, logprobs, best = hf_greedy_decode(
-        model, embeds[keep], positions[:, :, keep], offset, steps, kept_visual, deepstack, kept_ids, forced
+        model, embeds, positions, offset, steps, kept_visual, deepstack, kept_ids, forced
     )
-    return HFReference(tokens, int(keep.sum()), logprobs, None if forced is None else best)
+    return HFReference(tokens, int(keep.sum()) + len(appended), logprobs, None if forced is None else best)
+
+
+def append_text(
+    model, embeds: torch.Tensor, positions: torch.Tensor, offset: int, ids: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``embeds`` [T, D] and ``positions`` [3, 1, T] with the text ``ids`` appended, each at its index plus
+    ``offset`` on all three axes (where every token after a prompt goes)."""
+    index = torch.arange(embeds.shape[0], embeds.shape[0] + len(ids))
+    text = model.model.language_model.embed_tokens(torch.tensor(list(ids)))
+    return torch.cat([embeds, text]), torch.cat([positions, (index + offset).expand(3, 1, -1)], dim=2)
 
 
 def hf_pruned_greedy(
-    model_dir: Path, clip: Path, q: float, steps: int = 8, keep_mask=compute_retention_mask, shift_from_video: int = 0
-) -> HFReference:
+    model_dir: Path, clip: Path, q: float, steps: int = 8, keep_mask=compute_retention_mask, shift_from_video: int = 0,
+    appended: Sequence[int] = (),
+) -> HFReference:  # fmt: skip
     """The reference rule built from transformers' own modules, not this package: the kept tokens
-    (`keep_mask(rows, grid, m, q)`, an oracle written here) at their unpruned positions.
-    ``shift_from_video`` is the control: every token from the video's first pad on (generated ones
-    too) moved by that many positions (a one-position error)."""
+    (`keep_mask(rows, grid, m, q)`, an oracle written here) at their unpruned positions, then ``appended``
+    token ids (`hf_greedy_on_kept`). ``shift_from_video`` is the control: every token from the video's first
+    pad on (generated ones too) moved by that many positions (a one-position error)."""
+    prompt = hf_video_prompt(model_dir, clip, q, keep_mask)
+    with torch.no_grad():
+        return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions, prompt.delta, prompt.keep,
+                                 prompt.is_pad, steps, shift_from_video, visual=prompt.is_pad,
+                                 deepstack=prompt.deepstack, appended=appended)  # fmt: skip
+
+
+class VideoPrompt(NamedTuple):
+    """`chat_prompt(VIDEO)` as transformers' Qwen3-VL lays it out unpruned, with the rows a keep-mask keeps."""
+
+    model: object
+    ids: torch.Tensor  # [T] token ids, unpruned
+    embeds: torch.Tensor  # [T, D] the language model's input rows (the video's main rows at its pads)
+    positions: torch.Tensor  # [3, 1, T] get_rope_index's
+    delta: int  # get_rope_index's decode offset of the unpruned prompt
+    keep: torch.Tensor  # [T] bool: the rows the pruned prompt keeps
+    is_pad: torch.Tensor  # [T] bool: the video's pads
+    deepstack: list[torch.Tensor]  # per level, the kept pads' rows
+
+
+def hf_video_prompt(model_dir: Path, clip: Path, q: float, keep_mask=compute_retention_mask) -> VideoPrompt:
+    """The video prompt the server gets, laid out by transformers' processor and Qwen3-VL, with
+    `keep_mask(rows, grid, m, q)` applied to the video's pads."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
 
@@ -166,9 +207,19 @@ def hf_pruned_greedy(
         keep[is_pad] = mask
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_pad] = main
-        deepstack = [level[mask] for level in levels]
-        return hf_greedy_on_kept(model, embeds, positions, delta, keep, is_pad, steps, shift_from_video,
-                                 visual=is_pad, deepstack=deepstack)  # fmt: skip
+    return VideoPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
+
+
+def hf_prompt_logprobs(prompt: VideoPrompt) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept prompt's token ids [N] and the log-softmax of every row's next-token logits [N, vocab]: row i
+    scores token i + 1, at the kept rows' reference positions."""
+    model, keep = prompt.model, prompt.keep
+    with torch.no_grad():
+        out = model.model.language_model(
+            inputs_embeds=prompt.embeds[keep][None], position_ids=prompt.positions[:, :, keep], use_cache=False,
+            visual_pos_masks=prompt.is_pad[keep][None], deepstack_visual_embeds=prompt.deepstack,
+        )  # fmt: skip
+        return prompt.ids[keep], torch.log_softmax(model.lm_head(out.last_hidden_state[0]).float(), dim=-1)
 
 
 # --- the rule's positions, against which traced forwards are checked
