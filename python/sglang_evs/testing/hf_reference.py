@@ -113,16 +113,14 @@ def hf_greedy_on_kept(
     model, embeds: torch.Tensor, positions: torch.Tensor, delta, keep: torch.Tensor, video_rows: torch.Tensor,
     steps: int, shift_from_video: int = 0, shift_text_back: bool = False,
     visual: torch.Tensor | None = None, deepstack: list[torch.Tensor] | None = None, ids: torch.Tensor | None = None,
-    forced: list[int] | None = None, appended: Sequence[int] = (),
+    forced: list[int] | None = None,
 ) -> HFReference:  # fmt: skip
     """The reference rule on a prompt HF laid out unpruned: the rows in ``keep`` [T] bool, at the positions
     the model's own ``get_rope_index`` gave them (``positions`` [3, 1, T], changed in place; ``delta`` its
     decode offset), greedily decoded (``hf_greedy_decode``; ``visual`` [T] bool, unpruned, and the kept
     ``deepstack`` rows for Qwen3-VL; ``ids`` [T], unpruned, for Qwen4-Exp; ``forced``, the served tokens to
     follow). ``video_rows`` [T] bool marks the
-    video's rows. ``appended``: token ids that follow the prompt before decoding starts (a session's earlier
-    reply and its next question), each at its index plus the decode offset, as every later token.
-    Two controls: ``shift_from_video``, every token from the video's first row on (generated
+    video's rows. Two controls: ``shift_from_video``, every token from the video's first row on (generated
     ones too) moved by that many positions (a one-position error); ``shift_text_back``, the text after the
     video moved back by the pruned count, as a rule that renumbers the compacted sequence would place it."""
     pruned, index = int((~keep).sum()), torch.arange(keep.numel())
@@ -133,44 +131,28 @@ def hf_greedy_on_kept(
     offset = int(delta) + (0 if shift_text_back else pruned) + shift_from_video
     kept_visual = None if visual is None else visual[keep]
     kept_ids = None if ids is None else ids[keep]
-    embeds, positions = embeds[keep], positions[:, :, keep]
-    if appended:
-        embeds, positions = append_text(model, embeds, positions, offset, appended)
-        kept_visual = None if kept_visual is None else torch.cat([kept_visual, torch.zeros(len(appended), dtype=bool)])
-        kept_ids = None if kept_ids is None else torch.cat([kept_ids, torch.tensor(list(appended))])
     tokens, logprobs, best = hf_greedy_decode(
-        model, embeds, positions, offset, steps, kept_visual, deepstack, kept_ids, forced
+        model, embeds[keep], positions[:, :, keep], offset, steps, kept_visual, deepstack, kept_ids, forced
     )
-    return HFReference(tokens, int(keep.sum()) + len(appended), logprobs, None if forced is None else best)
-
-
-def append_text(
-    model, embeds: torch.Tensor, positions: torch.Tensor, offset: int, ids: Sequence[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``embeds`` [T, D] and ``positions`` [3, 1, T] with the text ``ids`` appended, each at its index plus
-    ``offset`` on all three axes (where every token after a prompt goes)."""
-    index = torch.arange(embeds.shape[0], embeds.shape[0] + len(ids))
-    text = model.model.language_model.embed_tokens(torch.tensor(list(ids)))
-    return torch.cat([embeds, text]), torch.cat([positions, (index + offset).expand(3, 1, -1)], dim=2)
+    return HFReference(tokens, int(keep.sum()), logprobs, None if forced is None else best)
 
 
 def hf_pruned_greedy(
-    model_dir: Path, clip: Path, q: float, steps: int = 8, keep_mask=compute_retention_mask, shift_from_video: int = 0,
-    appended: Sequence[int] = (),
-) -> HFReference:  # fmt: skip
+    model_dir: Path, clip: Path, q: float, steps: int = 8, keep_mask=compute_retention_mask, shift_from_video: int = 0
+) -> HFReference:
     """The reference rule built from transformers' own modules, not this package: the kept tokens
-    (`keep_mask(rows, grid, m, q)`, an oracle written here) at their unpruned positions, then ``appended``
-    token ids (`hf_greedy_on_kept`). ``shift_from_video`` is the control: every token from the video's first
-    pad on (generated ones too) moved by that many positions (a one-position error)."""
+    (`keep_mask(rows, grid, m, q)`, an oracle written here) at their unpruned positions.
+    ``shift_from_video`` is the control: every token from the video's first pad on (generated ones
+    too) moved by that many positions (a one-position error)."""
     prompt = hf_video_prompt(model_dir, clip, q, keep_mask)
     with torch.no_grad():
         return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions, prompt.delta, prompt.keep,
                                  prompt.is_pad, steps, shift_from_video, visual=prompt.is_pad,
-                                 deepstack=prompt.deepstack, appended=appended)  # fmt: skip
+                                 deepstack=prompt.deepstack)  # fmt: skip
 
 
 class VideoPrompt(NamedTuple):
-    """`chat_prompt(VIDEO)` as transformers' Qwen3-VL lays it out unpruned, with the rows a keep-mask keeps."""
+    """A prompt with one video as transformers' Qwen3-VL lays it out unpruned, with the rows a keep-mask keeps."""
 
     model: object
     ids: torch.Tensor  # [T] token ids, unpruned
@@ -182,14 +164,15 @@ class VideoPrompt(NamedTuple):
     deepstack: list[torch.Tensor]  # per level, the kept pads' rows
 
 
-def hf_video_prompt(model_dir: Path, clip: Path, q: float, keep_mask=compute_retention_mask) -> VideoPrompt:
-    """The video prompt the server gets, laid out by transformers' processor and Qwen3-VL, with
-    `keep_mask(rows, grid, m, q)` applied to the video's pads."""
+def hf_video_prompt(
+    model_dir: Path, clip: Path, q: float, keep_mask=compute_retention_mask, prompt: str = chat_prompt(VIDEO)
+) -> VideoPrompt:
+    """``prompt`` (one VIDEO placeholder, the same text the server gets) with ``clip``, laid out by
+    transformers' processor and Qwen3-VL, with `keep_mask(rows, grid, m, q)` applied to the video's pads."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
 
     model, processor = hf(str(model_dir))
-    prompt = chat_prompt(VIDEO)  # the same text the server gets
     frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
     inputs = processor(
         text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False, return_tensors="pt"
@@ -208,6 +191,51 @@ def hf_video_prompt(model_dir: Path, clip: Path, q: float, keep_mask=compute_ret
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_pad] = main
     return VideoPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
+
+
+def append_text(
+    model, embeds: torch.Tensor, positions: torch.Tensor, offset: int, ids: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``embeds`` [T, D] and ``positions`` [3, 1, T] with the text ``ids`` appended, each at its index plus
+    ``offset`` on all three axes (where every token after a prompt goes)."""
+    index = torch.arange(embeds.shape[0], embeds.shape[0] + len(ids))
+    text = model.model.language_model.embed_tokens(torch.tensor(list(ids)))
+    return torch.cat([embeds, text]), torch.cat([positions, (index + offset).expand(3, 1, -1)], dim=2)
+
+
+def hf_session_greedy(
+    model_dir: Path, turns: Sequence[tuple[str, Path] | Sequence[int]], q: float, steps: int = 8,
+    keep_mask=compute_retention_mask,
+) -> HFReference:  # fmt: skip
+    """A session's whole conversation as transformers' Qwen3-VL sees it, greedily continued. Each of ``turns``
+    is either a (text with one VIDEO placeholder, clip) turn, laid out by transformers on its own, pruned
+    (`hf_video_prompt`) and moved past what precedes it (positions plus the next index plus the decode
+    offset so far), or token ids (a reply, a question's text) at their index plus the decode offset. Both
+    rules are the one transformers' `get_rope_index` gives the conversation laid out whole, since text
+    continues one position per token; pruned rows deleted, the offset grows by their count."""
+    model = hf(str(model_dir))[0]
+    width = model.config.text_config.hidden_size
+    embeds, positions, offset = torch.zeros(0, width), torch.zeros(3, 1, 0, dtype=torch.int64), 0
+    visual, deepstack = torch.zeros(0, dtype=torch.bool), None
+    with torch.no_grad():
+        for turn in turns:
+            if isinstance(turn, tuple):
+                text, clip = turn
+                prompt = hf_video_prompt(model_dir, clip, q, keep_mask, text)
+                keep, moved_by = prompt.keep, embeds.shape[0] + offset
+                embeds = torch.cat([embeds, prompt.embeds[keep]])
+                positions = torch.cat([positions, prompt.positions[:, :, keep] + moved_by], dim=2)
+                visual = torch.cat([visual, prompt.is_pad[keep]])
+                levels = prompt.deepstack
+                if deepstack is not None:
+                    levels = [torch.cat(pair) for pair in zip(deepstack, levels, strict=True)]
+                deepstack = levels
+                offset += prompt.delta + int((~keep).sum())
+            else:
+                embeds, positions = append_text(model, embeds, positions, offset, turn)
+                visual = torch.cat([visual, torch.zeros(len(turn), dtype=torch.bool)])
+        tokens, logprobs, _ = hf_greedy_decode(model, embeds, positions, offset, steps, visual, deepstack)
+    return HFReference(tokens, embeds.shape[0], logprobs)
 
 
 def hf_prompt_logprobs(prompt: VideoPrompt) -> tuple[torch.Tensor, torch.Tensor]:
