@@ -94,6 +94,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("pd_decode_commit"), prefill_decode.check_prefill_layout, around)
     register(sglang.hook_target("init_prefill_graph"), keep_mrope_draft_prefill_eager, around)
     register(sglang.hook_target("extend_session_media"), sessions.move_pruned_regions_with_the_turn, around)
+    register(sglang.hook_target("queue_request"), sessions.refuse_session_logprobs_over_pruned_videos, before)
     if trace.enabled():
         from sglang_evs.graph_trace import trace_graph_replay
 

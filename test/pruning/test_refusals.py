@@ -8,14 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_evs.methods import EVS
-from sglang_evs.pruning.fields import RATE
+from sglang_evs.pruning.fields import METHOD, RATE
 from sglang_evs.pruning.refusals import (
     conflicting_setup,
     refuse_prompt_logprobs_over_pruned_videos,
     refuse_unsupported,
 )
-from sglang_evs.pruning.settings import NO_PRUNING, Pruning, request_pruning, server_pruning
+from sglang_evs.pruning.settings import NO_PRUNING, request_pruning, server_pruning
 
 
 def config(**settings) -> SimpleNamespace:
@@ -165,7 +164,7 @@ class _Item:
 
     def __init__(self, modality: str, offsets: list, pruned: bool = False) -> None:
         self.modality, self.offsets = modality, offsets
-        self.model_specific_data = {RATE: 0.5} if pruned else {}
+        self.model_specific_data = {METHOD: "evs", RATE: 0.5} if pruned else {}
 
     def is_video(self) -> bool:
         return self.modality == "video"
@@ -176,8 +175,8 @@ def laid_out(*items: _Item) -> SimpleNamespace:
     return SimpleNamespace(input_ids=list(range(30)), mm_items=list(items))
 
 
-def logprobs_from(start: int, asked: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(return_logprob=asked, logprob_start_len=start)
+def logprobs_from(start: int, asked: bool = True, **more) -> SimpleNamespace:
+    return SimpleNamespace(return_logprob=asked, logprob_start_len=start, **more)
 
 
 def test_input_logprobs_are_refused_from_any_token_before_a_pruned_videos_end():
@@ -186,15 +185,18 @@ def test_input_logprobs_are_refused_from_any_token_before_a_pruned_videos_end():
     output = laid_out(_Item("image", [(1, 2)]), _Item("video", [(5, 12)], pruned=True))
     for start in (0, 5, 12):
         with pytest.raises(ValueError) as refused:
-            refuse_prompt_logprobs_over_pruned_videos(logprobs_from(start), output, Pruning(EVS, 0.5))
+            refuse_prompt_logprobs_over_pruned_videos(logprobs_from(start), output)
         message = str(refused.value)
         assert message.startswith(f"logprob_start_len={start}: ") and "video_pruning_rate=0.5 (evs)" in message
         assert "ask from logprob_start_len=13 on" in message and "of 30 tokens" in message
     for start in (13, 29, -1):  # after the video; -1: SGLang's default, no input logprobs
-        refuse_prompt_logprobs_over_pruned_videos(logprobs_from(start), output, Pruning(EVS, 0.5))
-    refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0, asked=False), output, Pruning(EVS, 0.5))
+        refuse_prompt_logprobs_over_pruned_videos(logprobs_from(start), output)
+    refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0, asked=False), output)
+
+    # a session turn's start indexes the whole session's prompt: the scheduler checks it (test_sessions.py)
+    refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0, session_params={"id": "s"}), output)
 
 
 def test_input_logprobs_over_an_unpruned_video_are_upstreams():
     output = laid_out(_Item("video", [(5, 8), (11, 14)]), _Item("image", [(20, 25)]))
-    refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0), output, NO_PRUNING)
+    refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0), output)

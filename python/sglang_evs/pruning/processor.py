@@ -93,7 +93,7 @@ class PruningProcessor:
         if pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
             merge = self.hf_config.vision_config.spatial_merge_size
             videos = prune_video_regions(output, pruning, merge, self.family.pad_token_id(self.hf_config))
-            refuse_prompt_logprobs_over_pruned_videos(request_obj, output, pruning)
+            refuse_prompt_logprobs_over_pruned_videos(request_obj, output)
             record_usage(getattr(request_obj, "rid", None), pruning, videos)
             for video in videos:
                 name = pruning.method.name

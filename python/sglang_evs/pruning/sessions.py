@@ -11,11 +11,16 @@ up to the whole history too low. Here they move by the same shift.
 A video in the session's first turn is laid out in the session's coordinates already (the shift is 0), and
 the turns after a video need nothing: their text continues from the request's decode offset, which the
 processor computed for the pruned prompt.
+
+A turn's `logprob_start_len` indexes the whole session's prompt, which only the scheduler assembles, so input
+logprobs over a pruned video (`refusals.prompt_logprobs_refusal`) are refused for a session turn here, once the
+turn is appended to its history.
 """
 
 import torch
 
 from sglang_evs.pruning.fields import REGION_POSITIONS, is_pruned
+from sglang_evs.pruning.refusals import prompt_logprobs_refusal
 
 
 def move_pruned_regions_with_the_turn(upstream, req, image_inputs, *args, **kwargs):
@@ -40,3 +45,14 @@ def session_shift(turn: torch.Tensor, moved: torch.Tensor, turn_start: int) -> t
     """[3, 1]: how far SGLang moved a turn's positions (`turn` [3, n], the turn's own) to where they sit in the
     request's (`moved` [3, >= turn_start + n]), from the turn's first token."""
     return (moved[:, turn_start : turn_start + 1] - turn[:, :1]).to(torch.int64)
+
+
+def refuse_session_logprobs_over_pruned_videos(scheduler, req, *args, **kwargs) -> None:
+    """BEFORE hook on `Scheduler._add_request_to_queue(req)`: a session turn asking for input logprobs from before
+    the end of a pruned video of its session (an earlier turn's or its own) is failed with HTTP 400 naming
+    `logprob_start_len` and the setting; the session serves on. Other requests were checked by the processor."""
+    if getattr(req, "session", None) is None or req.to_finish is not None or req.multimodal_inputs is None:
+        return
+    message = prompt_logprobs_refusal(req, req.multimodal_inputs.mm_items, len(req.origin_input_ids))
+    if message is not None:
+        req.set_finish_with_abort(message)

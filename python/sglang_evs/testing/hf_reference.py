@@ -145,8 +145,8 @@ def hf_pruned_greedy(
     ``shift_from_video`` is the control: every token from the video's first pad on (generated ones
     too) moved by that many positions (a one-position error)."""
     prompt = hf_video_prompt(model_dir, clip, q, keep_mask)
-    with torch.no_grad():
-        return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions, prompt.delta, prompt.keep,
+    with torch.no_grad():  # the positions are copied: the controls move them in place
+        return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions.clone(), prompt.delta, prompt.keep,
                                  prompt.is_pad, steps, shift_from_video, visual=prompt.is_pad,
                                  deepstack=prompt.deepstack)  # fmt: skip
 
@@ -164,11 +164,13 @@ class VideoPrompt(NamedTuple):
     deepstack: list[torch.Tensor]  # per level, the kept pads' rows
 
 
+@cache
 def hf_video_prompt(
     model_dir: Path, clip: Path, q: float, keep_mask=compute_retention_mask, prompt: str = chat_prompt(VIDEO)
 ) -> VideoPrompt:
     """``prompt`` (one VIDEO placeholder, the same text the server gets) with ``clip``, laid out by
-    transformers' processor and Qwen3-VL, with `keep_mask(rows, grid, m, q)` applied to the video's pads."""
+    transformers' processor and Qwen3-VL, with `keep_mask(rows, grid, m, q)` applied to the video's pads.
+    Computed once per arguments (a clip is written once per test run): the tensors are not to be changed."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
 
