@@ -13,7 +13,8 @@ Tokenizer process:
   usage.py            per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
   videos.py           `PrunedVideos`: batched encoding, keep-mask, region fill, exact positions per forward
-  sessions.py         a pruned video in a later session turn: its region positions moved with the turn's
+  sessions.py         a pruned video in a later session turn: its region positions moved with the turn's;
+                      a session turn's input logprobs over its session's pruned video refused
 Both:
   fields.py           what a pruned item carries between the two, and region helpers
   deletion.py         `delete_tokens`: pruned tokens deleted from a processor output (ids, spans, M-RoPE

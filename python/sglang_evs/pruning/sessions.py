@@ -32,10 +32,11 @@ def move_pruned_regions_with_the_turn(upstream, req, image_inputs, *args, **kwar
     moved = req.multimodal_inputs.mrope_positions if req.multimodal_inputs is not None else None
     if turn is None or moved is None or turn.shape[1] == 0:
         return result
-    turn_start = len(req.origin_input_ids) - turn.shape[1]
-    shift = session_shift(turn, moved, turn_start)
+    shift = session_shift(turn, moved, turn_start=len(req.origin_input_ids) - turn.shape[1])
+    if not bool(shift.any()):  # the session's first turn
+        return result
     for item in image_inputs.mm_items:
-        if item.is_video() and is_pruned(item) and bool(shift.any()):
+        if item.is_video() and is_pruned(item):
             region = item.model_specific_data[REGION_POSITIONS]
             item.set(REGION_POSITIONS, region + shift.to(region.device, region.dtype))
     return result
