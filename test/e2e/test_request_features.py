@@ -15,6 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+# Imported when the module is collected, before any server starts: both set environment variables (cache
+# directories), and a server started after such a change needs a warm interpreter of its own (warm_start.py).
+from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+from transformers import AutoTokenizer
+
 from sglang_evs.testing import media
 from sglang_evs.testing.hf_reference import (
     HF_LOGPROB_TOLERANCE,
@@ -50,8 +55,6 @@ def clips(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
@@ -184,8 +187,6 @@ def test_input_ids_with_a_video_are_pruned_as_the_same_prompt_sent_as_text(tiny_
 def test_completions_leave_a_video_out_as_upstream_does(tiny_server, fleet, clips, tokenizer):
     """SGLang 0.5.23's /v1/completions has no media field (its request model ignores unknown ones), so the video
     never reaches the processor: the prompt is served as text, the same at any rate, as upstream serves it."""
-    from sglang.srt.entrypoints.openai.protocol import CompletionRequest
-
     assert not {"image_data", "video_data", "audio_data"} & set(CompletionRequest.model_fields)
     assert CompletionRequest.model_config.get("extra", "ignore") == "ignore"
     pruned = completion(tiny_server.base_url, clips["video"], RATE)
