@@ -65,7 +65,7 @@ def register_hooks() -> None:
     from sglang_evs import sglang_compat as sglang
     from sglang_evs import trace
     from sglang_evs.models import registry
-    from sglang_evs.pruning import disaggregated, prefill_decode
+    from sglang_evs.pruning import disaggregated, prefill_decode, sessions
     from sglang_evs.served import SERVED
 
     # No hook on SGLang's embedding routine: this project's models call this project's routine
@@ -93,6 +93,8 @@ def register_hooks() -> None:
     register(sglang.hook_target("pd_prefill_bootstrapped"), prefill_decode.check_decode_allocation, around)
     register(sglang.hook_target("pd_decode_commit"), prefill_decode.check_prefill_layout, around)
     register(sglang.hook_target("init_prefill_graph"), keep_mrope_draft_prefill_eager, around)
+    register(sglang.hook_target("extend_session_media"), sessions.move_pruned_regions_with_the_turn, around)
+    register(sglang.hook_target("queue_request"), sessions.refuse_session_logprobs_over_pruned_videos, before)
     if trace.enabled():
         from sglang_evs.graph_trace import trace_graph_replay
 

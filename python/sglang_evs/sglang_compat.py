@@ -152,6 +152,11 @@ HOOK_TARGETS: dict[str, str] = {
     "pd_metadata_row": "sglang.srt.disaggregation.utils:MetadataBuffers.set_buf",
     "pd_prefill_bootstrapped": "sglang.srt.disaggregation.prefill:PrefillBootstrapQueue.finalize_bootstrap",
     "pd_decode_commit": "sglang.srt.disaggregation.decode:DecodeTransferQueue._commit_transfer_to_req",
+    # a session turn's media appended to the session's request, its positions moved past the history
+    # (pruning/sessions.py moves a pruned video's region positions with them)
+    "extend_session_media": "sglang.srt.managers.schedule_batch:Req._extend_session_image_inputs",
+    # a request entering the scheduler's waiting queue, its prompt assembled (a session turn's with its history)
+    "queue_request": "sglang.srt.managers.scheduler:Scheduler._add_request_to_queue",
     # a model runner capturing its prefill graph (a draft's: `keep_mrope_draft_prefill_eager`)
     "init_prefill_graph": "sglang.srt.model_executor.model_runner:ModelRunner.init_prefill_cuda_graph",
     # traced only (SGLANG_EVS_TRACE): each replay of a graph runner (graph_trace.py)

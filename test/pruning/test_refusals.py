@@ -1,5 +1,6 @@
 """What a server refuses pruning with: speculative decoding (Qwen3.5's MTP among them), encoder and
-prefill/decode disaggregation, whether the server or the request asks for it."""
+prefill/decode disaggregation, whether the server or the request asks for it; and the one request feature
+refused over a pruned video, input logprobs."""
 
 import json
 import re
@@ -7,7 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_evs.pruning.refusals import UNPROVEN_FLAGS, conflicting_setup, refuse_unsupported
+from sglang_evs.pruning.fields import METHOD, RATE
+from sglang_evs.pruning.refusals import (
+    UNPROVEN_FLAGS,
+    conflicting_setup,
+    refuse_prompt_logprobs_over_pruned_videos,
+    refuse_unsupported,
+)
 from sglang_evs.pruning.settings import NO_PRUNING, request_pruning, server_pruning
 
 
@@ -186,3 +193,46 @@ def test_the_flags_not_run_with_pruning_are_sglangs_own():
     sglang_compat.resolve("ServerArgs").add_cli_args(parser)
     flags = {option: action.dest for action in parser._actions for option in action.option_strings}
     assert {flag: flags.get(flag) for flag in UNPROVEN_FLAGS.values()} == {v: k for k, v in UNPROVEN_FLAGS.items()}
+
+
+class _Item:
+    """The parts of SGLang's MultimodalDataItem the logprob refusal reads."""
+
+    def __init__(self, modality: str, offsets: list, pruned: bool = False) -> None:
+        self.modality, self.offsets = modality, offsets
+        self.model_specific_data = {METHOD: "evs", RATE: 0.5} if pruned else {}
+
+    def is_video(self) -> bool:
+        return self.modality == "video"
+
+
+def laid_out(*items: _Item) -> SimpleNamespace:
+    """A processor output of 30 tokens with `items`, regions laid out."""
+    return SimpleNamespace(input_ids=list(range(30)), mm_items=list(items))
+
+
+def logprobs_from(start: int, asked: bool = True, **more) -> SimpleNamespace:
+    return SimpleNamespace(return_logprob=asked, logprob_start_len=start, **more)
+
+
+def test_input_logprobs_are_refused_from_any_token_before_a_pruned_videos_end():
+    """A pruned video over tokens 5..12 (its region, framing text included), an image before it; the error names
+    the setting, the rate and the first start served (the token after the video, in the pruned prompt)."""
+    output = laid_out(_Item("image", [(1, 2)]), _Item("video", [(5, 12)], pruned=True))
+    for start in (0, 5, 12):
+        with pytest.raises(ValueError) as refused:
+            refuse_prompt_logprobs_over_pruned_videos(logprobs_from(start), output)
+        message = str(refused.value)
+        assert message.startswith(f"logprob_start_len={start}: ") and "video_pruning_rate=0.5 (evs)" in message
+        assert "ask from logprob_start_len=13 on" in message and "of 30 tokens" in message
+    for start in (13, 29, -1):  # after the video; -1: SGLang's default, no input logprobs
+        refuse_prompt_logprobs_over_pruned_videos(logprobs_from(start), output)
+    refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0, asked=False), output)
+
+    # a session turn's start indexes the whole session's prompt: the scheduler checks it (test_sessions.py)
+    refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0, session_params={"id": "s"}), output)
+
+
+def test_input_logprobs_over_an_unpruned_video_are_upstreams():
+    output = laid_out(_Item("video", [(5, 8), (11, 14)]), _Item("image", [(20, 25)]))
+    refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0), output)

@@ -2,7 +2,8 @@
 
 What applies, and what is refused:
   settings.py         which method (EVS, VidCom2) and rate apply: the server default or the request's own
-  refusals.py         what a server's setup cannot prune with (speculation, disaggregation), why, and the errors
+  refusals.py         what a server's setup cannot prune with (speculation, disaggregation), why, and the errors;
+                      the one request feature refused over a pruned video (input logprobs)
 Tokenizer process:
   processor.py        a family's upstream SGLang processor, then `regions.prune_video_regions` for requests
                       that prune (or, under encoder disaggregation, `encoder_records.lay_out_pruned`)
@@ -12,6 +13,8 @@ Tokenizer process:
   usage.py            per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
   videos.py           `PrunedVideos`: batched encoding, keep-mask, region fill, exact positions per forward
+  sessions.py         a pruned video in a later session turn: its region positions moved with the turn's;
+                      a session turn's input logprobs over its session's pruned video refused
 Both:
   fields.py           what a pruned item carries between the two, and region helpers
   deletion.py         `delete_tokens`: pruned tokens deleted from a processor output (ids, spans, M-RoPE

@@ -15,7 +15,11 @@ import time
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.pruning.encoder_records import RECORDS, lay_out_pruned
-from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported
+from sglang_evs.pruning.refusals import (
+    conflicting_setup,
+    refuse_prompt_logprobs_over_pruned_videos,
+    refuse_unsupported,
+)
 from sglang_evs.pruning.regions import prune_video_regions
 from sglang_evs.pruning.settings import request_pruning, server_pruning
 from sglang_evs.pruning.usage import record_usage
@@ -89,6 +93,7 @@ class PruningProcessor:
         if pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
             merge = self.hf_config.vision_config.spatial_merge_size
             videos = prune_video_regions(output, pruning, merge, self.family.pad_token_id(self.hf_config))
+            refuse_prompt_logprobs_over_pruned_videos(request_obj, output)
             record_usage(getattr(request_obj, "rid", None), pruning, videos)
             for video in videos:
                 name = pruning.method.name

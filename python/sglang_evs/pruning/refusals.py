@@ -6,7 +6,8 @@ prefill/decode disaggregation over another transfer backend than Mooncake; encod
 transport than the one that carries the records, with the global multimodal cache, or of an architecture whose
 record says its encoder path is unproven, `served.py`); `refuse_unsupported` turns it into the error a server (at
 startup) or a request (HTTP 400) gets when it asks to prune. The checkpoint checks read config.json without running
-remote code (`checkpoint_config`).
+remote code (`checkpoint_config`). One request feature is
+refused with pruning too: input logprobs over a pruned video (`refuse_prompt_logprobs_over_pruned_videos`).
 """
 
 import functools
@@ -14,6 +15,7 @@ import json
 from pathlib import Path
 
 from sglang_evs.methods import PRUNING_RATE_SETTING
+from sglang_evs.pruning.fields import is_pruned, pruned_with, region_span
 from sglang_evs.pruning.settings import Pruning
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
 
@@ -157,3 +159,45 @@ def refuse_unsupported(pruning: Pruning, conflict: str | None) -> None:
             f"{PRUNING_RATE_SETTING}={pruning.rate}: video pruning ({pruning.method.name}) is not supported with "
             f"{conflict} yet; set {PRUNING_RATE_SETTING} to 0 (or unset it) or serve without {conflict}"
         )
+
+
+# The /generate field that asks for input (prompt) logprobs from that index of the prompt on.
+LOGPROB_START_SETTING = "logprob_start_len"
+
+
+def prompt_logprobs_refusal(request, items: list, prompt_tokens: int) -> str | None:
+    """Why `request` (its `return_logprob`, `logprob_start_len`) cannot have input logprobs over the prompt whose
+    media `items` are laid out (offsets in the same prompt, `prompt_tokens` long), or None: it can.
+
+    Refused: a start before the end of a pruned video's region. `logprob_start_len` indexes the served prompt,
+    the pruned one, as every other prompt index does. SGLang scores every token of a media item's span as the
+    placeholder (token id 0, and the logprob of the clamped placeholder id as the next token), and a pruned
+    region is one span that also holds the framing text between temporal groups (timestamps, vision markers),
+    whose rows the keep-mask places only when the video is encoded, after the scheduler fixed which token each
+    row scores. So those tokens would be scored as placeholders where upstream scores their text. From the
+    region's end on, every row is a text token at its exact position: served as upstream serves it."""
+    start = getattr(request, "logprob_start_len", None)
+    if not getattr(request, "return_logprob", False) or start is None or start < 0:
+        return None
+    regions = [(region_span(item)[1], item) for item in items if item.is_video() and is_pruned(item)]
+    if not regions or start >= max(end for end, _ in regions):
+        return None
+    end, item = max(regions, key=lambda region: region[0])
+    method, rate = pruned_with(item)
+    return (
+        f"{LOGPROB_START_SETTING}={start}: input logprobs over a video pruned with {PRUNING_RATE_SETTING}={rate} "
+        f"({method}) are not served, since its framing text is laid out only when it is encoded; ask from "
+        f"{LOGPROB_START_SETTING}={end} on (the first token after the pruned video; it indexes the pruned prompt, "
+        f"of {prompt_tokens} tokens) or set {PRUNING_RATE_SETTING} to 0"
+    )
+
+
+def refuse_prompt_logprobs_over_pruned_videos(request_obj, output) -> None:
+    """ValueError (HTTP 400) where `prompt_logprobs_refusal` refuses a request whose processor `output` has its
+    regions laid out. A session turn's `logprob_start_len` indexes the whole session's prompt, which only the
+    scheduler assembles: it is checked there (`sessions.refuse_session_logprobs_over_pruned_videos`)."""
+    if getattr(request_obj, "session_params", None) is not None:
+        return
+    message = prompt_logprobs_refusal(request_obj, output.mm_items, len(output.input_ids))
+    if message is not None:
+        raise ValueError(message)

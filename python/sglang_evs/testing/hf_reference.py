@@ -4,7 +4,7 @@ checked, and the server's traced keep-masks as oracle arguments. Shared by the m
 Qwen2-VL, GLM-4V, Qwen3-Omni, the hybrid families, speculative decoding)."""
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import NamedTuple
@@ -144,11 +144,37 @@ def hf_pruned_greedy(
     (`keep_mask(rows, grid, m, q)`, an oracle written here) at their unpruned positions.
     ``shift_from_video`` is the control: every token from the video's first pad on (generated ones
     too) moved by that many positions (a one-position error)."""
+    prompt = hf_video_prompt(model_dir, clip, q, keep_mask)
+    with torch.no_grad():  # the positions are copied: the controls move them in place
+        return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions.clone(), prompt.delta, prompt.keep,
+                                 prompt.is_pad, steps, shift_from_video, visual=prompt.is_pad,
+                                 deepstack=prompt.deepstack)  # fmt: skip
+
+
+class VideoPrompt(NamedTuple):
+    """A prompt with one video as transformers' Qwen3-VL lays it out unpruned, with the rows a keep-mask keeps."""
+
+    model: object
+    ids: torch.Tensor  # [T] token ids, unpruned
+    embeds: torch.Tensor  # [T, D] the language model's input rows (the video's main rows at its pads)
+    positions: torch.Tensor  # [3, 1, T] get_rope_index's
+    delta: int  # get_rope_index's decode offset of the unpruned prompt
+    keep: torch.Tensor  # [T] bool: the rows the pruned prompt keeps
+    is_pad: torch.Tensor  # [T] bool: the video's pads
+    deepstack: list[torch.Tensor]  # per level, the kept pads' rows
+
+
+@cache
+def hf_video_prompt(
+    model_dir: Path, clip: Path, q: float, keep_mask=compute_retention_mask, prompt: str = chat_prompt(VIDEO)
+) -> VideoPrompt:
+    """``prompt`` (one VIDEO placeholder, the same text the server gets) with ``clip``, laid out by
+    transformers' processor and Qwen3-VL, with `keep_mask(rows, grid, m, q)` applied to the video's pads.
+    Computed once per arguments (a clip is written once per test run): the tensors are not to be changed."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
 
     model, processor = hf(str(model_dir))
-    prompt = chat_prompt(VIDEO)  # the same text the server gets
     frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
     inputs = processor(
         text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False, return_tensors="pt"
@@ -166,9 +192,64 @@ def hf_pruned_greedy(
         keep[is_pad] = mask
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_pad] = main
-        deepstack = [level[mask] for level in levels]
-        return hf_greedy_on_kept(model, embeds, positions, delta, keep, is_pad, steps, shift_from_video,
-                                 visual=is_pad, deepstack=deepstack)  # fmt: skip
+    return VideoPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
+
+
+def append_text(
+    model, embeds: torch.Tensor, positions: torch.Tensor, offset: int, ids: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``embeds`` [T, D] and ``positions`` [3, 1, T] with the text ``ids`` appended, each at its index plus
+    ``offset`` on all three axes (where every token after a prompt goes)."""
+    index = torch.arange(embeds.shape[0], embeds.shape[0] + len(ids))
+    text = model.model.language_model.embed_tokens(torch.tensor(list(ids)))
+    return torch.cat([embeds, text]), torch.cat([positions, (index + offset).expand(3, 1, -1)], dim=2)
+
+
+def hf_session_greedy(
+    model_dir: Path, turns: Sequence[tuple[str, Path] | Sequence[int]], q: float, steps: int = 8,
+    keep_mask=compute_retention_mask,
+) -> HFReference:  # fmt: skip
+    """A session's whole conversation as transformers' Qwen3-VL sees it, greedily continued. Each of ``turns``
+    is either a (text with one VIDEO placeholder, clip) turn, laid out by transformers on its own, pruned
+    (`hf_video_prompt`) and moved past what precedes it (positions plus the next index plus the decode
+    offset so far), or token ids (a reply, a question's text) at their index plus the decode offset. Both
+    rules are the one transformers' `get_rope_index` gives the conversation laid out whole, since text
+    continues one position per token; pruned rows deleted, the offset grows by their count."""
+    model = hf(str(model_dir))[0]
+    width = model.config.text_config.hidden_size
+    embeds, positions, offset = torch.zeros(0, width), torch.zeros(3, 1, 0, dtype=torch.int64), 0
+    visual, deepstack = torch.zeros(0, dtype=torch.bool), None
+    with torch.no_grad():
+        for turn in turns:
+            if isinstance(turn, tuple):
+                text, clip = turn
+                prompt = hf_video_prompt(model_dir, clip, q, keep_mask, text)
+                keep, moved_by = prompt.keep, embeds.shape[0] + offset
+                embeds = torch.cat([embeds, prompt.embeds[keep]])
+                positions = torch.cat([positions, prompt.positions[:, :, keep] + moved_by], dim=2)
+                visual = torch.cat([visual, prompt.is_pad[keep]])
+                levels = prompt.deepstack
+                if deepstack is not None:
+                    levels = [torch.cat(pair) for pair in zip(deepstack, levels, strict=True)]
+                deepstack = levels
+                offset += prompt.delta + int((~keep).sum())
+            else:
+                embeds, positions = append_text(model, embeds, positions, offset, turn)
+                visual = torch.cat([visual, torch.zeros(len(turn), dtype=torch.bool)])
+        tokens, logprobs, _ = hf_greedy_decode(model, embeds, positions, offset, steps, visual, deepstack)
+    return HFReference(tokens, embeds.shape[0], logprobs)
+
+
+def hf_prompt_logprobs(prompt: VideoPrompt) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept prompt's token ids [N] and the log-softmax of every row's next-token logits [N, vocab]: row i
+    scores token i + 1, at the kept rows' reference positions."""
+    model, keep = prompt.model, prompt.keep
+    with torch.no_grad():
+        out = model.model.language_model(
+            inputs_embeds=prompt.embeds[keep][None], position_ids=prompt.positions[:, :, keep], use_cache=False,
+            visual_pos_masks=prompt.is_pad[keep][None], deepstack_visual_embeds=prompt.deepstack,
+        )  # fmt: skip
+        return prompt.ids[keep], torch.log_softmax(model.lm_head(out.last_hidden_state[0]).float(), dim=-1)
 
 
 # --- the rule's positions, against which traced forwards are checked
