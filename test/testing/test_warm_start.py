@@ -28,6 +28,8 @@ def test_the_test_name_pytest_sets_does_not_count_and_idle_warm_interpreters_are
     interpreter. Once more import-time environments than `KEPT_IDLE` were used, the oldest idle ones close."""
     base = {**os.environ, **LIGHT, "PYTEST_CURRENT_TEST": "a"}
     assert warm_start.import_key(base) == warm_start.import_key({**base, "PYTEST_CURRENT_TEST": "b"})
+    imported_sglang = {**base, "TORCHINDUCTOR_CACHE_DIR": "/root/.cache/sglang/inductor", "DG_JIT_USE_NVRTC": "0"}
+    assert warm_start.import_key(base) == warm_start.import_key(imported_sglang)  # SGLang's import sets them
     good = tmp_path / "good.json"
     good.write_text("{}")
     started = [

@@ -38,6 +38,13 @@ RUNTIME_ENV = frozenset({
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",  # read when a prefill server's KV manager starts
     "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT",  # read when a server starts its HTTP tokenizer workers
 })  # fmt: skip
+# Set by SGLang itself when it is imported (its third-party cache directories, from SGLANG_CACHE_DIR; kernel
+# options): a test process that imported SGLang passes them on to its servers, one that has not does not, and both
+# kinds of server import the same. Not part of the import key, so that neither gets a warm interpreter of its own.
+SET_BY_IMPORTING_SGLANG = frozenset({
+    "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
+    "DG_JIT_CACHE_DIR", "DG_JIT_USE_NVRTC", "TLLM_LOG_LEVEL",
+})  # fmt: skip
 KEPT_IDLE = 2  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
 PRELOAD = (
     "sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang_evs.launch_server",
@@ -112,7 +119,8 @@ _starters: dict[tuple, WarmStarter] = {}
 
 
 def import_key(env: dict[str, str]) -> tuple:
-    return tuple(sorted((key, value) for key, value in env.items() if key not in RUNTIME_ENV))
+    ignored = RUNTIME_ENV | SET_BY_IMPORTING_SGLANG
+    return tuple(sorted((key, value) for key, value in env.items() if key not in ignored))
 
 
 def start(module: str, argv: Sequence[str], env: dict[str, str], log: str, cores) -> WarmProcess:
