@@ -34,7 +34,7 @@ def test_on_evs_scores_the_threshold_keeps_a_top_of_evs_ranking() -> None:
     """What the next step composes on: the cells a threshold keeps are the best-ranked ones, so a budget and a
     floor over them are EVS's `mask_for_count` and `with_group_floor` at `limit_count` of their count."""
     rng = random.Random(7)
-    for _ in range(200):
+    for _ in range(100):
         x, grid, m, _ = random_video(rng, [torch.float32, torch.bfloat16])
         t, tpf = grid[0], grid[1] * grid[2] // m**2
         d = evs.dissimilarity(x, grid, m)
