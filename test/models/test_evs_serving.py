@@ -13,7 +13,7 @@ from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.chunked import assert_chunks_equal, assert_media_prefills_and_decodes_replayed, served_in_chunks
 from sglang_evs.testing.compare import assert_same_greedy
-from sglang_evs.testing.evs_oracle import limited_kept_count
+from sglang_evs.testing.evs_oracle import limited_keep_mask, limited_kept_count
 from sglang_evs.testing.hf_reference import (
     HF_LOGPROB_TOLERANCE,
     assert_limited_masks_agree_up_to_ties,
@@ -243,9 +243,8 @@ def test_images_are_never_pruned(evs_server, media_dir):
 # --- a token budget and a per-group floor: the count known when the prompt is laid out, the mask after the encoder
 
 LIMITS = {  # name -> (q, video_token_budget, video_pruning_min_tokens_per_group); 4 groups of 100 tokens
-    "budget": (0.5, 150, 0),  # the budget caps the rate's 200
-    "floor": (0.75, 0, 30),  # the rate's 100 are group 0's; the floor takes 30 from every group
-    "budget and floor": (0.5, 110, 30),  # budget 110, raised to 120 by the floor
+    "budget": (0.5, 150, 20),  # the budget caps the rate's 200; the floor then moves tokens to the groups short of 20
+    "floor": (0.75, 0, 30),  # the rate's 100 are group 0's; the floor raises the count to 30 from every group
 }
 
 
@@ -264,6 +263,9 @@ def test_budget_and_floor_equal_hf_oracle_in_chunks_and_after_a_radix_hit(evs_se
     assert first.meta.get("video_pruning_min_tokens_per_group", 0) == floor
     assert_matches_hf(first, reference)
     assert_limited_masks_agree_up_to_ties(seen["served"], *seen["args"], budget=budget, floor=floor)
+    rows, grid, merge, _ = seen["args"]
+    without_floor = limited_keep_mask(rows, grid, merge, q, budget)
+    assert min(without_floor.view(GROUPS, -1).sum(dim=1).tolist()) < floor  # the floor binds
     again = limited_request(evs_server, clip, q, budget, floor)
     assert again.cached_tokens >= first.prompt_tokens - 1
     assert_matches_hf(again, reference)
