@@ -27,6 +27,18 @@ def test_vllm_pair_selects_vidcom2_at_the_rate():
     assert overrides(argv) == {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.75}
 
 
+def test_the_limits_fold_in_beside_the_rate():
+    argv = fold_pruning_flags(
+        ["--model-path", "m", "--video-pruning-rate", "0.5", "--video-token-budget", "300",
+         "--video-pruning-min-tokens-per-group", "8"]
+    )  # fmt: skip
+    assert overrides(argv) == {
+        "video_pruning_rate": 0.5,
+        "video_token_budget": 300,
+        "video_pruning_min_tokens_per_group": 8,
+    }
+
+
 def test_without_the_flags_nothing_changes():
     assert fold_pruning_flags(["--model-path", "m"]) == ["--model-path", "m"]
 
@@ -39,6 +51,13 @@ def test_without_the_flags_nothing_changes():
         (["--json-model-override-args", '{"video_pruning_method": "VidCom2"}'], "video_pruning_method must be"),
         (["--video-retention-ratio", "0.25"], "video_retention_ratio is no longer read: write video_pruning_method"),
         (["--json-model-override-args", '{"video_retention_ratio": 0.5}'], "video_retention_ratio is no longer"),
+        (["--video-pruning-threshold", "0.3"], "video_pruning_threshold=0.3 is not served yet"),
+        (["--video-pruning-threshold", "3"], r"video_pruning_threshold must be a number in \[0, 2\]"),
+        (["--video-token-budget", "-5"], "video_token_budget must be a whole number >= 0"),
+        (
+            ["--json-model-override-args", '{"video_token_budjet": 5}'],
+            "unknown video pruning setting 'video_token_budjet'",
+        ),
     ],
 )
 def test_invalid_settings_are_refused_naming_them(argv, message):

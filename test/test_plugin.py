@@ -110,6 +110,23 @@ def test_sglangs_own_evs_setting_is_accepted(tmp_path, architecture):
     vidcom2 = _server_args(checkpoint, '{"video_pruning_method": "vidcom2", "video_pruning_rate": 0.7}')
     with pytest.raises(plugin.UnsupportedServerArgsError, match="SGLang's own EVS, which does not read"):
         plugin.refuse_unsupported_server_args(None, vidcom2)
+    budget = _server_args(checkpoint, '{"video_pruning_rate": 0.7, "video_token_budget": 500}')
+    with pytest.raises(plugin.UnsupportedServerArgsError, match="reads video_pruning_rate alone, not video_pruning"):
+        plugin.refuse_unsupported_server_args(None, budget)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ('{"video_pruning_threshold": 0.2}', "video_pruning_threshold=0.2 is not served yet"),
+        ('{"video_pruning_rate": 0.5, "video_token_budet": 9}', "unknown video pruning setting 'video_token_budet'"),
+    ],
+)
+def test_a_server_wide_threshold_or_misspelt_setting_is_refused_before_serving(tiny_model_dir, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        plugin.refuse_unsupported_server_args(None, _server_args(tiny_model_dir, overrides))
+    served = _server_args(tiny_model_dir, '{"video_token_budget": 300, "video_pruning_min_tokens_per_group": 4}')
+    assert plugin.refuse_unsupported_server_args("checked", served) == "checked"
 
 
 def test_the_architecture_is_read_without_running_remote_code(tmp_path):

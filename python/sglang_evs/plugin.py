@@ -178,12 +178,13 @@ def refuse_encoder_data_parallel(server_args, *args, **kwargs) -> None:
 def refuse_pruning_nothing_reads(server_args) -> None:
     """A server-wide pruning setting (`--json-model-override-args`) is read by this plugin for the
     architectures it prunes, and by SGLang itself for the models with SGLang's own EVS (which read the
-    rate and prune with EVS only). Any other setting that would prune is refused by name, since it would
-    be ignored; so is a bad value. A request's own setting is left to the model's processor, as SGLang
-    leaves every `mm_processor_kwargs`."""
+    rate and prune with EVS only: no other method, no token budget or floor). Any other setting that would
+    prune is refused by name, since it would be ignored; so is a bad value, a misspelt key of the settings'
+    namespace, and `video_pruning_threshold` (not served yet). A request's own setting is left to the
+    model's processor, as SGLang leaves every `mm_processor_kwargs`."""
     import json
 
-    from sglang_evs.methods import DEFAULT_METHOD, PRUNING_METHOD_SETTING
+    from sglang_evs.methods import DEFAULT_METHOD, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
     from sglang_evs.models.registry import pruned_by_sglang, prunes_videos
     from sglang_evs.pruning.settings import NO_PRUNING, pruning_from
     from sglang_evs.served import SERVED
@@ -200,6 +201,11 @@ def refuse_pruning_nothing_reads(server_args) -> None:
             raise UnsupportedServerArgsError(
                 f"sglang-evs: {architecture} prunes videos with SGLang's own EVS, which does not read "
                 f"{PRUNING_METHOD_SETTING}={pruning.method.name!r}; remove it from --json-model-override-args"
+            )
+        if pruning.limits_count:
+            raise UnsupportedServerArgsError(
+                f"sglang-evs: {architecture} prunes videos with SGLang's own EVS, which reads "
+                f"{PRUNING_RATE_SETTING} alone, not {pruning.named()}; remove it from --json-model-override-args"
             )
         return
     pruned = ", ".join(SERVED)

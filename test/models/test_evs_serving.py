@@ -7,13 +7,16 @@ The server's default rate is 0.5; requests override it with
 from pathlib import Path
 
 import pytest
+import requests
 
 from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.chunked import assert_chunks_equal, assert_media_prefills_and_decodes_replayed, served_in_chunks
 from sglang_evs.testing.compare import assert_same_greedy
+from sglang_evs.testing.evs_oracle import limited_keep_mask, limited_kept_count
 from sglang_evs.testing.hf_reference import (
     HF_LOGPROB_TOLERANCE,
+    assert_limited_masks_agree_up_to_ties,
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
     checked_mask,
@@ -77,6 +80,12 @@ def evs_server(tiny_model_dir, evs_trace):
 def video_request(server, clip, q=None, **extra):
     kwargs = per_request_rate(q) if q is not None else {}
     return generate(server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]), **kwargs, **extra)[0]
+
+
+def limited_request(server, clip, q: float, budget: int = 0, floor: int = 0):
+    """The video at rate `q` under a token budget and a per-group floor (0: not sent)."""
+    settings = {"video_pruning_rate": q, "video_token_budget": budget, "video_pruning_min_tokens_per_group": floor}
+    return video_request(server, clip, mm_processor_kwargs={key: value for key, value in settings.items() if value})
 
 
 @pytest.mark.parametrize("q", [0.0, 0.25, 0.5, 0.75, 0.9])
@@ -229,3 +238,72 @@ def test_images_are_never_pruned(evs_server, media_dir):
         flush_cache(evs_server.base_url)
         runs.append(generate(evs_server.base_url, prompt, **kwargs, **per_request_rate(q))[0])
     assert runs[0] == runs[1]
+
+
+# --- a token budget and a per-group floor: the count known when the prompt is laid out, the mask after the encoder
+
+LIMITS = {  # name -> (q, video_token_budget, video_pruning_min_tokens_per_group); 4 groups of 100 tokens
+    "budget": (0.5, 150, 20),  # the budget caps the rate's 200; the floor then moves tokens to the groups short of 20
+    "floor": (0.75, 0, 30),  # the rate's 100 are group 0's; the floor raises the count to 30 from every group
+}
+
+
+@pytest.mark.parametrize("name", LIMITS)
+def test_budget_and_floor_equal_hf_oracle_in_chunks_and_after_a_radix_hit(evs_server, evs_trace, tiny_model_dir, name):
+    """HF given the server's mask at the reference positions, for the prompt prefilled in 96-token chunks that cut
+    the video and again from the radix cache; the mask is the rule's on HF's features up to ties."""
+    q, budget, floor = LIMITS[name]
+    clip = unseen_clip(evs_trace, "moving", f"limits-{name}")
+    first = limited_request(evs_server, clip, q, budget, floor)
+    seen = {}
+    reference = hf_pruned_greedy(tiny_model_dir, clip, q, keep_mask=checked_mask(served_mask(evs_trace), seen))
+    kept = limited_kept_count(TOKENS_PER_GROUP, GROUPS, q, budget, floor)
+    assert first.meta["video_tokens_after_pruning"] == first.meta["video_tokens"] == kept
+    assert first.meta.get("video_token_budget", 0) == budget
+    assert first.meta.get("video_pruning_min_tokens_per_group", 0) == floor
+    assert_matches_hf(first, reference)
+    assert_limited_masks_agree_up_to_ties(seen["served"], *seen["args"], budget=budget, floor=floor)
+    rows, grid, merge, _ = seen["args"]
+    without_floor = limited_keep_mask(rows, grid, merge, q, budget)
+    assert min(without_floor.view(GROUPS, -1).sum(dim=1).tolist()) < floor  # the floor binds
+    again = limited_request(evs_server, clip, q, budget, floor)
+    assert again.cached_tokens >= first.prompt_tokens - 1
+    assert_matches_hf(again, reference)
+
+
+def test_budget_and_floor_are_part_of_the_cache_key(evs_server, tmp_path):
+    clip = media.write_clip(tmp_path / "unseen.mp4", "noise", num_frames=16, fps=4, seed=12)  # not cached yet
+    first = limited_request(evs_server, clip, 0.5, budget=150)
+    for budget, floor in ((149, 0), (150, 1)):
+        other = limited_request(evs_server, clip, 0.5, budget, floor)
+        assert other.cached_tokens < 20, (budget, floor)  # only the text before the video
+    assert limited_request(evs_server, clip, 0.5, budget=150).cached_tokens >= first.prompt_tokens - 1
+
+
+BAD_LIMITS = [
+    ({"video_token_budget": -1}, "video_token_budget must be a whole number >= 0 (0: off), got -1"),
+    ({"video_pruning_min_tokens_per_group": 2.5}, "video_pruning_min_tokens_per_group must be a whole number"),
+    ({"video_pruning_threshold": 3}, "video_pruning_threshold must be a number in [0, 2], got 3"),
+    ({"video_pruning_threshold": 0.3}, "video_pruning_threshold=0.3 is not served yet: its kept count is known only"),
+    ({"video_token_budjet": 100}, "unknown video pruning setting 'video_token_budjet': the settings are"),
+    ({"video_pruning_rates": 0.5}, "unknown video pruning setting 'video_pruning_rates'"),
+]
+
+
+def test_bad_limits_and_unknown_keys_get_400_and_serving_goes_on(evs_server, clips):
+    """Each in `mm_processor_kwargs` of /generate and in `chat_template_kwargs` of a chat request (the field
+    sglang-router forwards); a good request after each is served as before."""
+    url = evs_server.base_url
+    good = limited_request(evs_server, clips["static"], 0.5, budget=150)
+    content = [{"type": "video_url", "video_url": {"url": f"file://{clips['static']}"}}, {"type": "text", "text": "hi"}]
+    chat = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": content}]}
+    for settings, message in BAD_LIMITS:
+        body = {"text": chat_prompt(VIDEO), "video_data": [str(clips["static"])], "mm_processor_kwargs": settings,
+                "sampling_params": {"max_new_tokens": 2}}  # fmt: skip
+        for response in (requests.post(f"{url}/generate", json=body, timeout=120),
+                         requests.post(f"{url}/v1/chat/completions", json={**chat, "chat_template_kwargs": settings},
+                                       timeout=120)):  # fmt: skip
+            assert response.status_code == 400, (settings, response.text)
+            assert message in response.text, response.text
+    again = limited_request(evs_server, clips["static"], 0.5, budget=150)
+    assert again.output_ids == good.output_ids and evs_server.alive()

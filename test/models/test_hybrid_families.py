@@ -25,12 +25,13 @@ import requests
 import torch
 
 from sglang_evs import trace
-from sglang_evs.testing import media
+from sglang_evs.testing import evs_oracle, media, vidcom2_oracle
 from sglang_evs.testing.compare import assert_same_generation
 from sglang_evs.testing.evs_oracle import keep_mask as evs_keep_mask
 from sglang_evs.testing.hf_reference import (
     MASK_TIE,
     HFReference,
+    assert_limited_masks_agree_up_to_ties,
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
     checked_mask,
@@ -116,6 +117,25 @@ CHUNK = 128  # above the image's prompt (80 tokens), below every video's
 SMALL_CHUNK = 29  # cuts inside groups and on framing tokens
 VIDCOM2_RATES = (0.5, 0.75)
 BAD_RATES = (1.5, -0.5, "fast")
+LIMITS_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"  # the budget and the floor: one hybrid checkpoint suffices
+BAD_LIMITS = (
+    ({"video_pruning_threshold": 0.3}, "video_pruning_threshold=0.3 is not served yet"),
+    ({"video_pruning_min_tokens": 4}, "unknown video pruning setting 'video_pruning_min_tokens'"),
+)
+
+
+def limit_settings(tokens: int) -> dict[str, dict]:
+    """Per method, a rate, a budget under its count and a floor that binds, for a video of `tokens`."""
+    per_group = tokens // GROUPS
+    return {
+        "evs": {"video_pruning_rate": 0.5, "video_token_budget": tokens * 3 // 8,
+                "video_pruning_min_tokens_per_group": per_group * 3 // 10},
+        "vidcom2": {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.5,
+                    "video_token_budget": tokens * 3 // 10, "video_pruning_min_tokens_per_group": per_group // 4},
+    }  # fmt: skip
+
+
+LIMIT_CLIPS = {"evs": "moving", "vidcom2": "noise"}
 COUNTS = ("video_tokens_before_pruning", "video_tokens_after_pruning")
 
 
@@ -173,6 +193,13 @@ class Served:
     small_chunk_kept: list[int] = field(default_factory=list)  # their keep-mask (kept pad indices)
     small_chunk_mixed: Generation | None = None
     small_chunk_unpruned: Generation | None = None
+    # a token budget and a per-group floor (LIMITS_ARCHITECTURE only): name -> (setting, reply at chunk 128)
+    limits: dict[str, tuple[dict, Generation]] = field(default_factory=dict)
+    limits_small_chunk: list[Generation] = field(default_factory=list)  # LIMITS["evs"] at SMALL_CHUNK, then again
+    limits_kept: dict[str, list[int]] = field(default_factory=dict)  # their keep-masks (kept pad indices)
+    limits_small_chunk_kept: list[int] = field(default_factory=list)  # the small-chunk server's
+    bad_limits: list[tuple[int, str]] = field(default_factory=list)
+    after_bad_limits: Generation | None = None  # (moving, .75) after them
 
 
 def video(base_url: str, clip: Path, q: float | None = None, **extra) -> Generation:
@@ -231,6 +258,17 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
             )  # fmt: skip
             served.bad.append((reply.status_code, reply.text))
             served.after_bad.append(video(url, clips["moving"], 0.75))
+        if architecture == LIMITS_ARCHITECTURE:
+            for name, setting in limit_settings(served.evs["moving", 0.0].meta["video_tokens"]).items():
+                served.limits[name] = setting, video(url, clips[LIMIT_CLIPS[name]], mm_processor_kwargs=setting)
+                served.masks["limits", name, 0.5] = served_mask(served.trace_path)
+                served.limits_kept[name] = trace.read(served.trace_path, "keep_mask")[-1]["kept"]
+            for setting, _ in BAD_LIMITS:
+                body = {"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])],
+                        "mm_processor_kwargs": setting, "sampling_params": {"max_new_tokens": 2}}  # fmt: skip
+                reply = requests.post(f"{url}/generate", json=body, timeout=120)
+                served.bad_limits.append((reply.status_code, reply.text))
+            served.after_bad_limits = video(url, clips["moving"], 0.75)
         before = pruning_metrics(url)
         served.metered = video(url, media.write_clip(out / "metered.mp4", "moving", num_frames=16, fps=4, seed=7), 0.5)
         after = pruning_metrics(url)
@@ -244,6 +282,13 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         prompt, kw, _ = mixed_cases(clips, media_dir)[1]
         served.small_chunk_mixed = generate(small_chunk.base_url, prompt, **kw)[0]
         served.small_chunk_unpruned = video(small_chunk.base_url, clips["moving"], 0.0)
+        if architecture == LIMITS_ARCHITECTURE:  # the server's default rate, the request's budget and floor
+            setting = {key: value for key, value in served.limits["evs"][0].items() if key != "video_pruning_rate"}
+            for _ in range(2):
+                served.limits_small_chunk.append(
+                    video(small_chunk.base_url, clips["moving"], mm_processor_kwargs=setting)
+                )
+            served.limits_small_chunk_kept = trace.read(small_chunk_trace, "keep_mask")[-1]["kept"]
     return served
 
 
@@ -510,6 +555,86 @@ def test_vidcom2_greedy_tokens_equal_hf_oracle(served, arch, model_dir, clips, c
     oracle = vidcom2_keep_mask(*seen["args"])
     assert int(seen["served"].sum()) == int(oracle.sum())
     assert int((seen["served"] & oracle).sum()) >= ARCHITECTURES[arch].vidcom2_overlap * int(oracle.sum())
+
+
+# --- a token budget and a per-group floor, through the same mechanism (one hybrid checkpoint)
+
+
+def hf_video_rows(architecture: str, model_dir: Path, clip: Path) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Transformers' vision rows of a video prompt as `hf_greedy` computes them: ([T * h * w, D], grid, m)."""
+    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
+    from sglang.srt.utils.common import load_video
+
+    model, processor = hf(str(model_dir), architecture)
+    frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+    inputs = processor(text=[chat_prompt(VIDEO)], videos=[frames], video_metadata=[metadata], do_sample_frames=False,
+                       return_tensors="pt")  # fmt: skip
+    grid = inputs["video_grid_thw"]
+    with torch.no_grad():
+        pixels = inputs["pixel_values_videos"].to(model.dtype)
+        rows = torch.cat(list(model.model.get_video_features(pixels, grid).pooler_output))
+    return rows, grid[0], model.config.vision_config.spatial_merge_size
+
+
+def assert_limits_laid_out(got: Generation, setting: dict) -> tuple[int, int]:
+    """The count laid out is the rule's at rate .5, where the budget binds; returns (budget, floor)."""
+    budget, floor = setting["video_token_budget"], setting["video_pruning_min_tokens_per_group"]
+    tokens = got.meta["video_tokens_before_pruning"]
+    kept = max(min(budget, max(GROUPS, tokens // 2)), floor * GROUPS)  # the count, written out: rate .5
+    assert got.meta["video_tokens_after_pruning"] == got.meta["video_tokens"] == kept == budget
+    assert (got.meta["video_token_budget"], got.meta["video_pruning_min_tokens_per_group"]) == (budget, floor)
+    return budget, floor
+
+
+@pytest.mark.parametrize("arch", [LIMITS_ARCHITECTURE], scope="module")
+def test_budget_and_floor_greedy_tokens_equal_hf_oracle(served, arch, model_dir, clips):
+    """EVS under a budget and a floor that both bind: HF given the server's mask at the reference positions
+    agrees, and the mask is the oracle's on HF's features up to ties."""
+    setting, got = served.limits["evs"]
+    budget, floor = assert_limits_laid_out(got, setting)
+    seen, checkpoint = {}, ARCHITECTURES[arch]
+    mask = checked_mask(served.masks["limits", "evs", 0.5], seen)
+    reference = hf_greedy(arch, model_dir, chat_prompt(VIDEO), clip=clips[LIMIT_CLIPS["evs"]], q=0.5, keep_mask=mask,
+                          follow=got)  # fmt: skip
+    assert_matches_hf(got, reference, checkpoint.tolerance)
+    rows, grid, merge, q = seen["args"]
+    assert_limited_masks_agree_up_to_ties(seen["served"], rows, grid, merge, q, budget, floor, checkpoint.mask_tie)
+    budget_alone = evs_oracle.limited_keep_mask(rows, grid, merge, q, budget)
+    assert min(budget_alone.view(GROUPS, -1).sum(dim=1).tolist()) < floor  # the floor binds
+
+
+@pytest.mark.parametrize("arch", [LIMITS_ARCHITECTURE], scope="module")
+def test_vidcom2_takes_the_budget_and_the_floor(served, arch, model_dir, clips):
+    """VidCom2 under a budget and a floor that both bind: the count laid out is the rule's and the served mask is
+    the oracle's on HF's features, exactly (float32). (The mask's layout is the mechanism's, whatever the method:
+    the EVS case above holds it to HF.)"""
+    setting, got = served.limits["vidcom2"]
+    budget, floor = assert_limits_laid_out(got, setting)
+    rows, grid, merge = hf_video_rows(arch, model_dir, clips[LIMIT_CLIPS["vidcom2"]])
+    kept = served.masks["limits", "vidcom2", 0.5](rows, grid, merge, 0.5)
+    assert torch.equal(kept, vidcom2_oracle.limited_keep_mask(rows, grid, merge, 0.5, budget, floor))
+    budget_alone = vidcom2_oracle.limited_keep_mask(rows, grid, merge, 0.5, budget)
+    assert min(budget_alone.view(GROUPS, -1).sum(dim=1).tolist()) < floor  # the floor binds
+
+
+@pytest.mark.parametrize("arch", [LIMITS_ARCHITECTURE], scope="module")
+def test_budget_and_floor_in_small_chunks_and_after_a_radix_hit(served, arch):
+    """The EVS case at the small-chunk server's default rate: its chunks cut inside the groups; served as at
+    chunk 128 (the same mask, the same tokens), then again from the radix cache."""
+    _, reference = served.limits["evs"]
+    first, again = served.limits_small_chunk
+    assert again.cached_tokens > 0
+    assert served.limits_small_chunk_kept == served.limits_kept["evs"]
+    for reply, context in ((first, f"chunk {SMALL_CHUNK}"), (again, f"chunk {SMALL_CHUNK}, radix hit")):
+        assert reply.prompt_tokens == reference.prompt_tokens
+        assert_same_generation(reply, reference, HF_LOGPROB_TOLERANCE, f"budget and floor, {context}")
+
+
+@pytest.mark.parametrize("arch", [LIMITS_ARCHITECTURE], scope="module")
+def test_an_unserved_threshold_and_a_misspelt_setting_get_400_and_serving_goes_on(served, arch):
+    for (status, text), (_, message) in zip(served.bad_limits, BAD_LIMITS, strict=True):
+        assert status == 400 and message in text, text
+    assert served.after_bad_limits.output_ids == served.evs["moving", 0.75].output_ids
 
 
 # --- Qwen4-Exp under graph mode and at --tp-size 2 (Qwen3.5's graph mode: test_speculative_decoding.py)

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_evs.pruning.fields import METHOD, RATE
+from sglang_evs.pruning.fields import METHOD, RATE, TOKEN_BUDGET
 from sglang_evs.pruning.refusals import (
     UNPROVEN_FLAGS,
     conflicting_setup,
+    rate_only_setup,
     refuse_prompt_logprobs_over_pruned_videos,
     refuse_unsupported,
 )
@@ -236,3 +237,45 @@ def test_input_logprobs_are_refused_from_any_token_before_a_pruned_videos_end():
 def test_input_logprobs_over_an_unpruned_video_are_upstreams():
     output = laid_out(_Item("video", [(5, 8), (11, 14)]), _Item("image", [(20, 25)]))
     refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0), output)
+
+
+@pytest.mark.parametrize(
+    ("server_args", "setup"),
+    [
+        ({"disaggregation_mode": "prefill"}, "prefill/decode disaggregation (--disaggregation-mode prefill)"),
+        ({"disaggregation_mode": "decode"}, "prefill/decode disaggregation (--disaggregation-mode decode)"),
+        ({"language_only": True}, "encoder disaggregation (--language-only)"),
+        ({"encoder_only": True}, "encoder disaggregation (--encoder-only)"),
+        ({"disaggregation_mode": "null"}, None),
+        ({}, None),
+    ],
+)
+def test_a_budget_or_floor_is_refused_by_name_where_servers_hand_over_the_rate_only(server_args, setup):
+    """Under disaggregation the servers hand each other a video's method and rate alone (the PD layout handshake,
+    the encoder's entries and records): a budget or floor would not reach the other server."""
+    assert rate_only_setup(SimpleNamespace(**server_args)) == setup
+    budget = request_pruning(request(video_pruning_rate=0.5, video_token_budget=100), NO_PRUNING)
+    floor = request_pruning(request(video_pruning_min_tokens_per_group=4), NO_PRUNING)
+    for pruning, named in ((budget, "video_pruning_rate=0.5, video_token_budget=100"),
+                           (floor, "video_pruning_rate=0.0, video_pruning_min_tokens_per_group=4")):  # fmt: skip
+        if setup is None:
+            refuse_unsupported(pruning, None, setup)
+            continue
+        message = f"{named}: video_token_budget and video_pruning_min_tokens_per_group are not served with {setup}"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            refuse_unsupported(pruning, None, setup)
+    refuse_unsupported(request_pruning(request(video_pruning_rate=0.5), NO_PRUNING), None, setup)  # the rate serves
+
+
+def test_a_budget_alone_is_named_in_a_conflicts_refusal():
+    asked = request_pruning(request(video_token_budget=100), NO_PRUNING)
+    with pytest.raises(ValueError, match=r"^video_token_budget=100: video pruning \(evs\) is not supported with"):
+        refuse_unsupported(asked, SEPARATE_DRAFT)
+
+
+def test_input_logprobs_refused_over_a_video_pruned_by_a_budget_name_the_budget():
+    video = _Item("video", [(5, 12)], pruned=True)
+    video.model_specific_data.update({RATE: 0.0, TOKEN_BUDGET: 40})
+    with pytest.raises(ValueError, match=r"video_pruning_rate=0.0, video_token_budget=40 \(evs\)") as refused:
+        refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0), laid_out(video))
+    assert str(refused.value).endswith("or set video_pruning_rate and video_token_budget to 0")

@@ -116,3 +116,25 @@ def test_bundled_videos_are_split_into_one_item_each():
     assert second.second_per_grid_ts.tolist() == [0.5]
     first.set("evs_pruning_rate", 0.5)
     assert "evs_pruning_rate" not in second.model_specific_data
+
+
+def test_a_budget_and_a_floor_set_the_regions_length_and_are_part_of_the_cache_key():
+    """The grid (3 groups of 2) at q = .5 keeps 3; a budget of 2 keeps 2; a floor of 2 per group keeps 6."""
+    settings = [
+        Pruning(EVS, 0.5),
+        Pruning(EVS, 0.5, token_budget=2),
+        Pruning(EVS, 0.5, min_tokens_per_group=2),
+        Pruning(EVS, 0.5, token_budget=2, min_tokens_per_group=1),
+        Pruning(EVS, 0.5, token_budget=2),
+    ]
+    outputs = [video_output() for _ in settings]
+    laid_out = zip(outputs, settings, strict=True)
+    kept = [regions.prune_video_regions(out, pruning, 1, VIDEO)[0].after for out, pruning in laid_out]
+    assert kept == [3, 2, 6, 3, 2]
+    lengths = [len(out.input_ids) for out in outputs]
+    assert [lengths[0] - n for n in lengths] == [0, 1, -3, 0, 1]
+    video = outputs[3].mm_items[1].model_specific_data
+    assert (video[regions.TOKEN_BUDGET], video[regions.MIN_TOKENS_PER_GROUP]) == (2, 1)
+    assert regions.TOKEN_BUDGET not in outputs[0].mm_items[1].model_specific_data  # rate alone: as before
+    hashes = [out.mm_items[1].hash for out in outputs]
+    assert hashes[1] == hashes[4] and len(set(hashes)) == 4

@@ -101,3 +101,61 @@ def test_the_chat_hook_leaves_another_models_request_as_sent():
     generate = generate_request({"fps": 2})
     carry_chat_pruning_setting((generate, chat), _chat_serving("Gemma3ForConditionalGeneration"), chat, None)
     assert generate.mm_processor_kwargs == {"fps": 2}
+
+
+# --- the limits on the count beside the rate (issue 50): a token budget, a per-group floor; the threshold
+
+
+def test_a_budget_and_a_floor_are_read_like_the_rate_and_fall_back_to_the_servers():
+    server = server_pruning(config(video_pruning_rate=0.5, video_token_budget=300))
+    assert server == Pruning(EVS, 0.5, token_budget=300) and server.limits_count
+    asked = request_pruning(request(video_pruning_min_tokens_per_group=20), server)
+    assert asked == Pruning(EVS, 0.5, token_budget=300, min_tokens_per_group=20)
+    assert request_pruning(request(video_token_budget=0), server) == Pruning(EVS, 0.5)  # 0: no budget
+    # a budget alone prunes (q = 0 keeps everything, the budget then caps it); a floor alone never does
+    assert Pruning(EVS, 0.0, token_budget=100).prunes and not Pruning(EVS, 0.0, min_tokens_per_group=5).prunes
+    assert Pruning(VIDCOM2, 0.5, 150, 60).kept_count(100, 4) == 240  # the floor raises the budget's 150
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"video_token_budget": -1}, r"video_token_budget must be a whole number >= 0 \(0: off\), got -1"),
+        ({"video_token_budget": 10.5}, "video_token_budget must be a whole number >= 0"),
+        ({"video_token_budget": "100"}, "video_token_budget must be a whole number >= 0"),
+        ({"video_pruning_min_tokens_per_group": True}, "video_pruning_min_tokens_per_group must be a whole number"),
+        ({"video_pruning_threshold": 2.5}, r"video_pruning_threshold must be a number in \[0, 2\], got 2.5"),
+        ({"video_pruning_threshold": "low"}, r"video_pruning_threshold must be a number in \[0, 2\]"),
+    ],
+)
+def test_a_bad_limit_is_refused_naming_the_setting(settings, message):
+    with pytest.raises(ValueError, match=message):
+        request_pruning(request(**settings), NO_PRUNING)
+    with pytest.raises(ValueError, match=message):
+        server_pruning(config(**settings))
+
+
+@pytest.mark.parametrize("threshold", [0, 0.3, 2])
+def test_a_valid_threshold_is_refused_as_not_served_yet_by_server_and_request(threshold):
+    message = rf"video_pruning_threshold={float(threshold)} is not served yet: its kept count is known only after"
+    with pytest.raises(ValueError, match=message):
+        request_pruning(request(video_pruning_threshold=threshold, video_pruning_rate=0.5), NO_PRUNING)
+    with pytest.raises(ValueError, match=message):
+        server_pruning(config(video_pruning_threshold=threshold))
+
+
+@pytest.mark.parametrize("key", ["video_token_budgett", "video_pruning_treshold", "video_pruning_min_tokens"])
+def test_a_misspelt_key_of_the_namespace_is_refused_naming_the_settings(key):
+    names = ("video_pruning_method, video_pruning_rate, video_token_budget, video_pruning_min_tokens_per_group, "
+             "video_pruning_threshold")  # fmt: skip
+    with pytest.raises(ValueError, match=rf"unknown video pruning setting '{key}': the settings are {names}"):
+        request_pruning(request(**{key: 1}, video_pruning_rate=0.5), NO_PRUNING)
+    # keys outside the namespace, and the model-config ids inside it, are others' to read
+    assert request_pruning(request(fps=2, video_token_id=5, video_fps=1), NO_PRUNING) == NO_PRUNING
+
+
+def test_chat_template_kwargs_carry_the_limits_and_a_misspelt_key_to_be_refused():
+    carried = chat_processor_kwargs({"video_token_budget": 64, "video_pruning_tokens": 1, "enable_thinking": 0}, None)
+    assert carried == {"video_token_budget": 64, "video_pruning_tokens": 1}
+    with pytest.raises(ValueError, match="unknown video pruning setting 'video_pruning_tokens'"):
+        request_pruning(generate_request(carried), NO_PRUNING)

@@ -18,6 +18,18 @@ def test_usage_fields_name_the_two_settings_as_applied():
     }
 
 
+def test_usage_fields_name_a_budget_and_a_floor_where_there_is_one():
+    fields = usage.usage_fields(Pruning(EVS, 0.0, token_budget=64, min_tokens_per_group=4), 400, 64)
+    assert fields == {
+        "video_pruning_method": "evs",
+        "video_pruning_rate": 0.0,
+        "video_token_budget": 64,
+        "video_pruning_min_tokens_per_group": 4,
+        "video_tokens_before_pruning": 400,
+        "video_tokens_after_pruning": 64,
+    }
+
+
 def test_every_output_carries_the_counts_even_when_consumers_read_mid_batch():
     """Like SGLang's handler: append an output per request, wake its consumer and yield after each."""
     rids = ["a", "b", "c"]

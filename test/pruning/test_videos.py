@@ -136,3 +136,26 @@ def test_a_forgotten_keep_mask_is_computed_again_by_encoding_the_video_again():
     assert encoded == [1, 1]  # encoded a second time
     assert torch.equal(videos.masks[item.hash], first_mask)
     assert torch.equal(again, remembered) and again[:, 3:].any()
+
+
+def test_the_models_mask_keeps_the_count_the_region_was_laid_out_with_under_a_budget_and_a_floor():
+    """The tokenizer laid the region out with `Pruning.kept_count`; the model's mask, from the item's fields after
+    the encoder, keeps exactly that many, at least the floor in each group (3 groups of 2x2 cells)."""
+    from sglang_evs.pruning.fields import MIN_TOKENS_PER_GROUP, TOKEN_BUDGET
+    from sglang_evs.pruning.settings import Pruning
+
+    video_token = 9
+    region_ids = torch.tensor([video_token] * 4 + [5] + [video_token] * 4 + [5] + [video_token] * 4)
+    rows = torch.randn(12, 4, generator=torch.Generator().manual_seed(1))
+    videos = PrunedVideos.__new__(PrunedVideos)
+    videos.pad_token_id, videos.spatial_merge_size = video_token, 1
+    videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), lambda items: rows
+    videos.masks, videos.rank_group = OrderedDict(), None
+    for budget, floor in ((5, 0), (5, 2), (0, 3), (2, 1)):
+        item = VideoItem(region_ids, [3, 2, 2], 0.25, start=0)
+        item.model_specific_data.update({TOKEN_BUDGET: budget, MIN_TOKENS_PER_GROUP: floor})
+        (region,) = videos.features([item])
+        mask = videos.masks[item.hash]
+        assert int(mask.sum()) == Pruning(EVS, 0.25, budget, floor).kept_count(4, 3)
+        assert min(mask.view(3, 4).sum(dim=1).tolist()) >= floor
+        assert region.shape[0] == int(mask.sum()) + 2  # the kept rows and the two framing tokens

@@ -4,26 +4,50 @@
 * :mod:`.evs`       -- which video tokens EVS keeps (kept count, keep-mask).
 * :mod:`.vidcom2`   -- which video tokens VidCom2 keeps (same signatures).
 * :mod:`.table`     -- both behind one interface, by the name ``video_pruning_method`` gives them.
+* :mod:`.limits`    -- a token budget and a per-group floor over any method (count before, mask after).
+* :mod:`.threshold` -- the keep-mask of a dissimilarity threshold (its count known only after encoding).
 * :mod:`.canonical` -- the split a pruned video is laid out with before the encoder has chosen.
 
 SGLang's ``evs_core`` is reached through :mod:`sglang_evs.sglang_compat`, loaded from its file.
 """
 
 from .canonical import canonical_keep_mask, canonical_kept_per_group
-from .inputs import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING, check_pruning_rate, grid_tokens
+from .inputs import (
+    MIN_TOKENS_PER_GROUP_SETTING,
+    PRUNING_METHOD_SETTING,
+    PRUNING_RATE_SETTING,
+    PRUNING_THRESHOLD_SETTING,
+    TOKEN_BUDGET_SETTING,
+    check_pruning_rate,
+    check_pruning_threshold,
+    check_token_count,
+    grid_tokens,
+)
+from .limits import limit_count, limited_count, limited_mask, with_group_floor
 from .table import DEFAULT_METHOD, EVS, METHODS, VIDCOM2, PruningMethod, method_named
+from .threshold import threshold_keep_mask
 
 __all__ = [
     "DEFAULT_METHOD",
     "EVS",
     "METHODS",
+    "MIN_TOKENS_PER_GROUP_SETTING",
     "PRUNING_METHOD_SETTING",
     "PRUNING_RATE_SETTING",
+    "PRUNING_THRESHOLD_SETTING",
+    "TOKEN_BUDGET_SETTING",
     "VIDCOM2",
     "PruningMethod",
     "canonical_keep_mask",
     "canonical_kept_per_group",
     "check_pruning_rate",
+    "check_pruning_threshold",
+    "check_token_count",
     "grid_tokens",
+    "limit_count",
+    "limited_count",
+    "limited_mask",
     "method_named",
+    "threshold_keep_mask",
+    "with_group_floor",
 ]

@@ -29,6 +29,10 @@ tokens to zero vectors).  fp16 rows are therefore scored in fp32, where a zero
 vector scores 1; fp32 and bf16 rows are scored in their own dtype, bit for bit
 like vLLM and SGLang.  Non-finite rows still score NaN and rank first; the
 mask then still keeps exactly ``N`` rows.
+
+Another count than the rate's (a token budget or a per-group floor, :mod:`.limits`): the same scores
+and the same stable descending order (:func:`dissimilarity`, :func:`mask_for_count`), cut at that count;
+at the rate's own count it is the rate's mask bit for bit.
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ from sglang_evs import sglang_compat
 
 from .inputs import GridTHW, check_pruning_rate, check_video_rows
 
-__all__ = ["retained_token_count", "retention_mask"]
+__all__ = ["dissimilarity", "mask_for_count", "ranking", "retained_token_count", "retention_mask"]
+
+FIRST_GROUP_SCORE = 255.0  # above any 1 - cos (at most 2): group 0 ranks first, as in evs_core
 
 
 def retained_token_count(tokens_per_group: int, num_groups: int, pruning_rate: float) -> int:
@@ -80,3 +86,39 @@ def retention_mask(
     m = int(spatial_merge_size)
     x = video_embeds.float() if video_embeds.dtype == torch.float16 else video_embeds
     return sglang_compat.resolve_file("evs_core").compute_retention_mask(x, (t, h * m, w * m), m, q)
+
+
+def dissimilarity(video_embeds: torch.Tensor, grid_thw: GridTHW, spatial_merge_size: int) -> torch.Tensor:
+    """EVS's score of every cell, ``[T, h * w]``: ``1 - cos`` with the same cell one group earlier
+    (groups ``1..T-1``), ``FIRST_GROUP_SCORE`` for group 0; the very values ``evs_core`` ranks (the same
+    ops in the same dtype; fp16 rows in fp32, as :func:`retention_mask`).
+
+    Args:
+        video_embeds: ``[T * h * w, D]`` merged vision tokens.
+        grid_thw: ``(T, H, W)`` before merging.
+        spatial_merge_size: ``m``.
+    """
+    t, h, w = check_video_rows(video_embeds, grid_thw, spatial_merge_size)
+    x = video_embeds.float() if video_embeds.dtype == torch.float16 else video_embeds
+    x = x.reshape(t, h, w, x.size(-1))
+    changed = 1 - torch.nn.functional.cosine_similarity(x[1:, ...], x[:-1, ...], dim=-1)
+    first = FIRST_GROUP_SCORE * torch.ones_like(x[:1, :, :, 0])
+    return torch.cat([first, changed], dim=0).reshape(t, h * w)
+
+
+def ranking(video_embeds: torch.Tensor, grid_thw: GridTHW, spatial_merge_size: int) -> torch.Tensor:
+    """``[T * h * w]`` scores, higher kept first (ties to the lower row): :func:`dissimilarity`, flat."""
+    return dissimilarity(video_embeds, grid_thw, spatial_merge_size).reshape(-1)
+
+
+def mask_for_count(video_embeds: torch.Tensor, grid_thw: GridTHW, spatial_merge_size: int, kept: int) -> torch.Tensor:
+    """``[T * h * w]`` bool with the ``kept`` best-ranked cells True (stable descending sort of
+    :func:`ranking`, as evs_core sorts; NaN ranks first). Any ``kept`` in ``[0, T * h * w]``: below ``h * w``
+    group 0 itself is cut, its lower cells first."""
+    scores = ranking(video_embeds, grid_thw, spatial_merge_size)
+    if not 0 <= int(kept) <= scores.numel():
+        raise ValueError(f"kept must be in [0, {scores.numel()}], got {kept}")
+    order = torch.argsort(scores, dim=-1, descending=True, stable=True)
+    mask = torch.zeros_like(scores, dtype=torch.bool)
+    mask[order[: int(kept)]] = True
+    return mask

@@ -5,7 +5,10 @@ group (2 frames) is ``h x w = (H / m) x (W / m)`` tokens, and the encoder output
 rows, group by group, row-major inside a group.
 
 The two settings are vLLM's: ``video_pruning_method`` names the method (``methods.table``),
-``video_pruning_rate`` is the fraction ``q`` of video tokens pruned, whatever the method.
+``video_pruning_rate`` is the fraction ``q`` of video tokens pruned, whatever the method. Beside them,
+``video_token_budget`` (at most N tokens per video) and ``video_pruning_min_tokens_per_group`` (at least
+k per temporal group) limit the count (``methods.limits``); ``video_pruning_threshold`` t keeps what
+changed by more than t (``methods.threshold``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import torch
 
 PRUNING_METHOD_SETTING = "video_pruning_method"
 PRUNING_RATE_SETTING = "video_pruning_rate"
+TOKEN_BUDGET_SETTING = "video_token_budget"
+MIN_TOKENS_PER_GROUP_SETTING = "video_pruning_min_tokens_per_group"
+PRUNING_THRESHOLD_SETTING = "video_pruning_threshold"
 
 GridTHW = Sequence[int] | torch.Tensor
 
@@ -34,6 +40,28 @@ def check_pruning_rate(pruning_rate: object) -> float:
     if not ok:
         raise ValueError(f"{PRUNING_RATE_SETTING} must be a number in [0, 1), got {pruning_rate!r}")
     return float(pruning_rate)  # type: ignore[arg-type]
+
+
+def check_token_count(value: object, setting: str) -> int:
+    """``value`` as an int if it is a whole number >= 0 (0: the setting is off), else ValueError naming
+    ``setting`` (booleans, fractions, strings and None are refused)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or int(value) < 0:
+        raise ValueError(f"{setting} must be a whole number >= 0 (0: off), got {value!r}")
+    return int(value)
+
+
+def check_pruning_threshold(threshold: object) -> float:
+    """``threshold`` as a float if it is a real number in ``[0, 2]`` (the range of ``1 - cos``), else
+    ValueError naming the setting."""
+    ok = (
+        isinstance(threshold, numbers.Real)
+        and not isinstance(threshold, bool)
+        and not math.isnan(float(threshold))
+        and 0.0 <= float(threshold) <= 2.0
+    )
+    if not ok:
+        raise ValueError(f"{PRUNING_THRESHOLD_SETTING} must be a number in [0, 2], got {threshold!r}")
+    return float(threshold)  # type: ignore[arg-type]
 
 
 def grid_tokens(grid_thw: GridTHW, spatial_merge_size: int) -> tuple[int, int, int]:

@@ -22,6 +22,9 @@ ties (frequent in bf16) are broken as ``torch.topk`` breaks them on the
 device at hand; the kept count is exact whatever the ties.  The result
 equals vLLM 0.33's ``video_prune/vidcom2.py`` bit for bit (tested against the
 released wheel).
+
+Another count than the rate's (a token budget or a per-group floor, :mod:`.limits`):
+:func:`mask_for_count`, the same steps with the budgets' share taken from that count.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 
 from .inputs import GridTHW, check_pruning_rate, check_video_rows
 
-__all__ = ["retained_token_count", "retention_mask"]
+__all__ = ["mask_for_count", "ranking", "retained_token_count", "retention_mask"]
 
 ALPHAS = (0.125, 0.25, 0.5, 1.0, 2.0)  # Gaussian bandwidths
 TEMPERATURE = 0.01  # of the softmax over frame distinctiveness
@@ -73,25 +76,50 @@ def retention_mask(
         budget is at least 1, but the final count adjustment may still empty a frame.
     """
     t, h, w = check_video_rows(video_embeds, grid_thw, spatial_merge_size)
-    tpf = h * w
-    target = retained_token_count(tpf, t, pruning_rate)
+    target = retained_token_count(h * w, t, pruning_rate)
     q = check_pruning_rate(pruning_rate)
+    return _select(*_similarities(video_embeds, t, h * w), 1.0 - q, target)
 
-    # 1-3: similarity of every row to the video and to its frame
+
+def mask_for_count(video_embeds: torch.Tensor, grid_thw: GridTHW, spatial_merge_size: int, kept: int) -> torch.Tensor:
+    """VidCom2 run for another count than a rate's (a token budget or a per-group floor, :mod:`.limits`):
+    the frame budgets of step 4 from the share ``kept / (T * h * w)`` in place of ``1 - q``, and step 5
+    adjusts to exactly ``kept`` rows, ``0 <= kept <= T * h * w``. Shapes as :func:`retention_mask`."""
+    t, h, w = check_video_rows(video_embeds, grid_thw, spatial_merge_size)
+    if not 0 <= int(kept) <= t * h * w:
+        raise ValueError(f"kept must be in [0, {t * h * w}], got {kept}")
+    return _select(*_similarities(video_embeds, t, h * w), int(kept) / (t * h * w), int(kept))
+
+
+def ranking(video_embeds: torch.Tensor, grid_thw: GridTHW, spatial_merge_size: int) -> torch.Tensor:
+    """``[T * h * w]`` scores, higher kept first: minus the similarity of step 3 (VidCom2 keeps the least
+    similar rows of a frame, and step 5 adds or drops by the same similarity across frames)."""
+    t, h, w = check_video_rows(video_embeds, grid_thw, spatial_merge_size)
+    similarity, _ = _similarities(video_embeds, t, h * w)
+    return -similarity.reshape(-1)
+
+
+def _similarities(video_embeds: torch.Tensor, t: int, tpf: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1-3: ``[T, tpf]`` similarity of every row to its video and its frame, and ``[T, tpf]`` its
+    similarity to the video alone."""
     variance = video_embeds.var(dim=0, unbiased=False)
     channels = torch.topk(variance, k=max(1, int(video_embeds.shape[1] * CHANNEL_FRACTION)), largest=False).indices
     x = F.normalize(video_embeds.index_select(1, channels).view(t, tpf, -1), dim=-1)
     to_video = _similarity(x, x.mean(dim=(0, 1), keepdim=True))
-    similarity = to_video + _similarity(x, x.mean(dim=1, keepdim=True))  # [T, tpf]
+    return to_video + _similarity(x, x.mean(dim=1, keepdim=True)), to_video
 
+
+def _select(similarity: torch.Tensor, to_video: torch.Tensor, retention: float, target: int) -> torch.Tensor:
+    """Steps 4-5: ``[T * tpf]`` bool, ``target`` rows kept, frame budgets from the ``retention`` share."""
+    t, tpf = similarity.shape
     # 4: per-frame budgets
     distinct = -to_video.mean(dim=-1)  # [T]
     p = F.softmax((distinct - distinct.max()) / TEMPERATURE, dim=0)
-    share = ((1.0 - q) * (1.0 + p - p.mean())).clamp(max=1.0)
+    share = (retention * (1.0 + p - p.mean())).clamp(max=1.0)
     budgets = (share * tpf).round().long().clamp(min=1, max=tpf).tolist()
 
     # 5: least similar rows of each frame, then the exact count
-    mask = torch.zeros(t, tpf, dtype=torch.bool, device=video_embeds.device)
+    mask = torch.zeros(t, tpf, dtype=torch.bool, device=similarity.device)
     for frame, k in enumerate(budgets):
         mask[frame, torch.topk(similarity[frame], k=k, largest=False, sorted=False).indices] = True
     mask, flat = mask.view(-1), similarity.view(-1)

@@ -1,7 +1,8 @@
 """Video-token pruning as one mechanism that any M-RoPE model joins with a small adapter.
 
 What applies, and what is refused:
-  settings.py         which method (EVS, VidCom2) and rate apply: the server default or the request's own
+  settings.py         which method (EVS, VidCom2), rate, token budget and per-group floor apply: the server
+                      default or the request's own (the threshold checked, then refused: not served yet)
   refusals.py         what a server's setup cannot prune with (speculation, disaggregation), why, and the errors;
                       the one request feature refused over a pruned video (input logprobs)
 Tokenizer process:
@@ -28,7 +29,8 @@ Prefill/decode disaggregation (each server lays the prompt out itself):
                       a request whose two layouts differ fails by name
 
 The mechanism knows methods only through `methods.PruningMethod` (kept count before
-encoding, keep-mask after), and a model family only through its `served.VideoFamily`. An adapter (models/)
+encoding, keep-mask after; under a budget or floor `methods.limited_count` / `methods.limited_mask`), and a
+model family only through its `served.VideoFamily`. An adapter (models/)
 declares only its upstream class, its language model class and its deepstack levels; the positions come from
 upstream's own `get_rope_index`, and the mask scores every column the vision tower returns.
 """

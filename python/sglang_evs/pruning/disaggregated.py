@@ -27,7 +27,7 @@ from array import array
 from sglang_evs import trace
 from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
 from sglang_evs.pruning.encoder_records import RECORDS, kept_counts, prune_encoded_videos, settings_for_encoder
-from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported
+from sglang_evs.pruning.refusals import conflicting_setup, rate_only_setup, refuse_unsupported
 from sglang_evs.pruning.settings import NO_PRUNING, Pruning, pruning_from, server_pruning
 
 ASKED = "__sglang_evs_video_pruning"  # the request's setting, in its sampling parameters' custom_params
@@ -41,11 +41,12 @@ def carry_pruning_to_encoders(tokenizer_manager, request, *args, **kwargs):
     hf_config = getattr(getattr(tokenizer_manager, "model_config", None), "hf_config", None)
     default = server_pruning(hf_config)
     conflict = conflicting_setup(tokenizer_manager.server_args, hf_config)
+    rate_only = rate_only_setup(tokenizer_manager.server_args)  # a budget or floor would not reach the encoders
     given = request.mm_processor_kwargs  # a batch request may give one dict per sub-request
     resolved, prunings = [], set()
     for settings in given if isinstance(given, list) else [given]:
         pruning = pruning_from(settings or {}, default)
-        refuse_unsupported(pruning, conflict)
+        refuse_unsupported(pruning, conflict, rate_only)
         prunings.add(pruning)
         resolved.append({**(settings or {}), **settings_for_encoder(pruning)})
     if len(prunings) > 1:  # SGLang sends a batch's media to the encoders as one request

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 import torch
 
 METHOD = "evs_pruning_method"  # the pruning method's name (methods.METHODS)
-RATE = "evs_pruning_rate"  # q in (0, 1)
+RATE = "evs_pruning_rate"  # q in [0, 1) (0 where a token budget alone prunes)
+TOKEN_BUDGET = "evs_token_budget"  # N > 0, set only where a budget was asked for
+MIN_TOKENS_PER_GROUP = "evs_min_tokens_per_group"  # k > 0, set only where a floor was asked for
 REGION_IDS = "evs_region_ids"  # [len(R)] int64, unpruned region token ids
 REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region
 VIDEO_TOKENS = "evs_video_tokens"  # (before, after) pruning
@@ -70,8 +72,19 @@ def region_keep(region_ids: torch.Tensor, video_token_id: int, pad_mask: torch.T
     return keep
 
 
-def pruning_aware_hash(item_hash: int, method: str, pruning_rate: float) -> int:
-    """The same video pruned by two methods or at two rates must not share radix-cache entries or
-    cached embeddings."""
-    digest = hashlib.sha256(f"{item_hash}:{method}:{pruning_rate!r}".encode()).digest()
+def pruned_limits(item) -> tuple[int, int]:
+    """(token budget, min tokens per group) a video item was pruned with here (0: none)."""
+    data = item.model_specific_data
+    return int(data.get(TOKEN_BUDGET, 0)), int(data.get(MIN_TOKENS_PER_GROUP, 0))
+
+
+def pruning_aware_hash(
+    item_hash: int, method: str, pruning_rate: float, token_budget: int = 0, min_tokens_per_group: int = 0
+) -> int:
+    """The same video pruned by two methods, at two rates, or under two budgets or floors must not share
+    radix-cache entries or cached embeddings. (Without a budget or floor the key is what it always was.)"""
+    key = f"{item_hash}:{method}:{pruning_rate!r}"
+    key += f":budget={int(token_budget)}" if token_budget else ""
+    key += f":floor={int(min_tokens_per_group)}" if min_tokens_per_group else ""
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "big")

@@ -4,8 +4,8 @@
 `served.SERVED` in place of their upstream processor (`served.VideoFamily.processor`: SGLang's
 `QwenVLImageProcessor` for every Qwen VLM, `Glm4vImageProcessor` for GLM-4.1V / GLM-4.5V): the upstream
 class with `PruningProcessor` before it. With no pruning it returns exactly what the upstream one does.
-The method and rate are the server's (`settings.server_pruning`), overridable per request
-(`settings.request_pruning`).
+The method, rate, token budget and floor are the server's (`settings.server_pruning`), overridable per
+request (`settings.request_pruning`).
 """
 
 import functools
@@ -17,6 +17,7 @@ from sglang_evs import trace
 from sglang_evs.pruning.encoder_records import RECORDS, lay_out_pruned
 from sglang_evs.pruning.refusals import (
     conflicting_setup,
+    rate_only_setup,
     refuse_prompt_logprobs_over_pruned_videos,
     refuse_unsupported,
 )
@@ -59,12 +60,13 @@ class PruningProcessor:
         super().__init__(hf_config, server_args, _processor, *args, **kwargs)
         self.pruning = server_pruning(hf_config)
         self.conflict = conflicting_setup(server_args, hf_config)
-        refuse_unsupported(self.pruning, self.conflict)
+        self.rate_only = rate_only_setup(server_args)
+        refuse_unsupported(self.pruning, self.conflict, self.rate_only)
         logging.getLogger("sglang_evs").info(
-            "sglang-evs: %s processor with video pruning, default video_pruning_method=%s video_pruning_rate=%s",
+            "sglang-evs: %s processor with video pruning, default video_pruning_method=%s %s",
             hf_config.architectures[0] if getattr(hf_config, "architectures", None) else "VLM",
             self.pruning.method.name,
-            self.pruning.rate,
+            self.pruning.named(),
         )
 
     def get_mm_data(self, prompt, embeddings, **kwargs):
@@ -88,7 +90,7 @@ class PruningProcessor:
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
         start = time.perf_counter()
         pruning = request_pruning(request_obj, self.pruning)
-        refuse_unsupported(pruning, self.conflict)
+        refuse_unsupported(pruning, self.conflict, self.rate_only)
         output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
         if pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
             merge = self.hf_config.vision_config.spatial_merge_size

@@ -5,17 +5,19 @@ with a draft blind to the pruned positions, under pipeline parallelism or with d
 prefill/decode disaggregation over another transfer backend than Mooncake; encoder disaggregation over another
 transport than the one that carries the records, with the global multimodal cache, or of an architecture whose
 record says its encoder path is unproven, `served.py`); `refuse_unsupported` turns it into the error a server (at
-startup) or a request (HTTP 400) gets when it asks to prune. The checkpoint checks read config.json without running
-remote code (`checkpoint_config`). One request feature is
-refused with pruning too: input logprobs over a pruned video (`refuse_prompt_logprobs_over_pruned_videos`).
+startup) or a request (HTTP 400) gets when it asks to prune. A disaggregated setup hands a video's pruning from
+server to server as its method and rate alone (`rate_only_setup`), so a token budget or a per-group floor is
+refused there by name. The checkpoint checks read config.json without running remote code (`checkpoint_config`).
+One request feature is refused with pruning too: input logprobs over a pruned video
+(`refuse_prompt_logprobs_over_pruned_videos`).
 """
 
 import functools
 import json
 from pathlib import Path
 
-from sglang_evs.methods import PRUNING_RATE_SETTING
-from sglang_evs.pruning.fields import is_pruned, pruned_with, region_span
+from sglang_evs.methods import MIN_TOKENS_PER_GROUP_SETTING, PRUNING_RATE_SETTING, TOKEN_BUDGET_SETTING
+from sglang_evs.pruning.fields import is_pruned, pruned_limits, pruned_with, region_span
 from sglang_evs.pruning.settings import Pruning
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
 
@@ -142,22 +144,41 @@ DISAGGREGATED_ROLES = {
 }
 
 
+def rate_only_setup(server_args) -> str | None:
+    """The disaggregated setup of a server whose servers hand each other a video's pruning as its method and
+    rate alone, named for the error; None: one server lays out and prunes. Prefill/decode: the layout
+    handshake (`prefill_decode.py`) compares the method and rate; encoder disaggregation: the settings that
+    ride with each video entry and its record (`encoder_records.py`) are the method and rate. A token budget
+    or a per-group floor would reach neither, so they are refused there (`refuse_unsupported`)."""
+    mode = getattr(server_args, "disaggregation_mode", "null")
+    if mode in ("prefill", "decode"):
+        return f"prefill/decode disaggregation (--disaggregation-mode {mode})"
+    return next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
+
+
 def refuse_encoder_default(pruning: Pruning) -> None:
     """An `--encoder-only` server prunes as each request asks, over the language server's default: a default
     of its own would never be read, so it is refused naming the setting."""
     if pruning.prunes:
         raise ValueError(
-            f"{PRUNING_RATE_SETTING}={pruning.rate}: an encoder server (--encoder-only) prunes as each request "
+            f"{pruning.named()}: an encoder server (--encoder-only) prunes as each request "
             "asks, over its language server's default; set the pruning default on the --language-only server"
         )
 
 
-def refuse_unsupported(pruning: Pruning, conflict: str | None) -> None:
-    """ValueError naming the setting and `conflict` (a `conflicting_setup` answer) if both are there."""
+def refuse_unsupported(pruning: Pruning, conflict: str | None, rate_only: str | None = None) -> None:
+    """ValueError naming the setting and `conflict` (a `conflicting_setup` answer) if both are there, or naming
+    a token budget or floor and `rate_only` (a `rate_only_setup` answer) if both are there."""
     if pruning.prunes and conflict is not None:
         raise ValueError(
-            f"{PRUNING_RATE_SETTING}={pruning.rate}: video pruning ({pruning.method.name}) is not supported with "
+            f"{pruning.named()}: video pruning ({pruning.method.name}) is not supported with "
             f"{conflict} yet; set {PRUNING_RATE_SETTING} to 0 (or unset it) or serve without {conflict}"
+        )
+    if pruning.limits_count and rate_only is not None:
+        raise ValueError(
+            f"{pruning.named()}: {TOKEN_BUDGET_SETTING} and {MIN_TOKENS_PER_GROUP_SETTING} are not served with "
+            f"{rate_only} yet (its servers hand each other a video's method and rate only); prune with "
+            f"{PRUNING_RATE_SETTING} alone, or serve without {rate_only}"
         )
 
 
@@ -184,11 +205,15 @@ def prompt_logprobs_refusal(request, items: list, prompt_tokens: int) -> str | N
         return None
     end, item = max(regions, key=lambda region: region[0])
     method, rate = pruned_with(item)
+    budget, floor = pruned_limits(item)
+    limits = f", {TOKEN_BUDGET_SETTING}={budget}" if budget else ""
+    limits += f", {MIN_TOKENS_PER_GROUP_SETTING}={floor}" if floor else ""
+    unset = f" and {TOKEN_BUDGET_SETTING}" if budget else ""
     return (
-        f"{LOGPROB_START_SETTING}={start}: input logprobs over a video pruned with {PRUNING_RATE_SETTING}={rate} "
-        f"({method}) are not served, since its framing text is laid out only when it is encoded; ask from "
+        f"{LOGPROB_START_SETTING}={start}: input logprobs over a video pruned with {PRUNING_RATE_SETTING}={rate}"
+        f"{limits} ({method}) are not served, since its framing text is laid out only when it is encoded; ask from "
         f"{LOGPROB_START_SETTING}={end} on (the first token after the pruned video; it indexes the pruned prompt, "
-        f"of {prompt_tokens} tokens) or set {PRUNING_RATE_SETTING} to 0"
+        f"of {prompt_tokens} tokens) or set {PRUNING_RATE_SETTING}{unset} to 0"
     )
 
 

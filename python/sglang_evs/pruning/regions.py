@@ -5,7 +5,8 @@ per-group timestamps and markers included; Qwen2-VL and Qwen2.5-VL have one run 
 and its positions are whatever the model family's upstream `get_rope_index` computed.
 
 Before encoding, the keep-mask is unknown but the pruned length is not
-(the method's `retained_token_count`). Each pruned video becomes ONE placeholder region
+(the method's `retained_token_count`, capped by a token budget and raised by a per-group floor:
+`methods.limited_count`). Each pruned video becomes ONE placeholder region
 spanning from its first pad to its last pad (framing tokens of groups 1..T-1
 included), laid out with the canonical split (`methods.canonical_keep_mask`).
 After encoding, the model fills the region with the true layout: the
@@ -27,9 +28,11 @@ from sglang_evs.methods import canonical_keep_mask
 from sglang_evs.pruning.deletion import delete_tokens
 from sglang_evs.pruning.fields import (
     METHOD,
+    MIN_TOKENS_PER_GROUP,
     RATE,
     REGION_IDS,
     REGION_POSITIONS,
+    TOKEN_BUDGET,
     VIDEO_TOKENS,
     VideoTokenCounts,
     pruning_aware_hash,
@@ -84,10 +87,14 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
         start, end = region_span(item)
         region_ids = ids[start:end].clone()
         t, h, w = grid[0], grid[1] // spatial_merge_size, grid[2] // spatial_merge_size
-        kept = pruning.method.retained_token_count(h * w, t, pruning.rate)
+        kept = pruning.kept_count(h * w, t)
         keep[start:end] = region_keep(region_ids, video_token_id, canonical_keep_mask(grid, spatial_merge_size, kept))
         item.set(METHOD, pruning.method.name)
         item.set(RATE, pruning.rate)
+        if pruning.token_budget:
+            item.set(TOKEN_BUDGET, pruning.token_budget)
+        if pruning.min_tokens_per_group:
+            item.set(MIN_TOKENS_PER_GROUP, pruning.min_tokens_per_group)
         item.set(REGION_IDS, region_ids)
         item.set(REGION_POSITIONS, positions[:, start:end].clone())
         item.set(VIDEO_TOKENS, (t * h * w, kept))
@@ -98,7 +105,8 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
         item.offsets = [(start, end - 1)]  # one span: the whole region, framing text between groups included
     delete_tokens(output, keep)
     for item in videos:
-        item.set_pad_value()  # content hash of the pixels, then folded with the method and rate
-        item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, pruning.rate))
+        item.set_pad_value()  # content hash of the pixels, then folded with the method, rate and limits
+        limits = (pruning.token_budget, pruning.min_tokens_per_group)
+        item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, pruning.rate, *limits))
     output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
     return stats

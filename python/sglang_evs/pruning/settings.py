@@ -1,13 +1,18 @@
-"""Which pruning method and rate apply to a request: the server's default, or the request's own.
+"""Which pruning applies to a request: the server's default, or the request's own.
 
 vLLM's two settings: `video_pruning_method` ("evs" | "vidcom2", default "evs") and
-`video_pruning_rate` q in [0, 1), the fraction of video tokens pruned, for either method.
+`video_pruning_rate` q in [0, 1), the fraction of video tokens pruned, for either method. Beside them,
+two limits on the count (`methods.limits`): `video_token_budget` N (at most N tokens per video, 0: none)
+and `video_pruning_min_tokens_per_group` k (no temporal group keeps fewer than k, 0: none); and
+`video_pruning_threshold` t in [0, 2] (keep what changed by more than t), checked but refused by name:
+its count is known only after the vision encoder runs, and the prompt is laid out before it.
 The server default comes from the model config (`--json-model-override-args`, or
-`python -m sglang_evs.launch_server --video-pruning-method M --video-pruning-rate Q`); a request's
-`mm_processor_kwargs` may name the method, the rate or both, and what it leaves out is the
-server's. A chat request may also name them in `chat_template_kwargs`, the field sglang-router
-forwards (0.3.2 rebuilds requests and drops `mm_processor_kwargs`); `chat_processor_kwargs` moves
-over those `mm_processor_kwargs` does not name. `video_retention_ratio` (this project's former
+`python -m sglang_evs.launch_server --video-pruning-method M --video-pruning-rate Q ...`); a request's
+`mm_processor_kwargs` may name any of them, and what it leaves out is the server's. A chat request may
+also name them in `chat_template_kwargs`, the field sglang-router forwards (0.3.2 rebuilds requests and
+drops `mm_processor_kwargs`); `chat_processor_kwargs` moves over those `mm_processor_kwargs` does not
+name. A key in the settings' namespace (`video_pruning_*`, `video_token_*`) that is none of them, a
+misspelling, is refused naming the ones that exist; `video_retention_ratio` (this project's former
 VidCom2 setting) is refused with what to write instead. What a server's setup cannot prune with, and the
 errors that refuse it, are `refusals.py`'s.
 """
@@ -17,44 +22,108 @@ from dataclasses import dataclass
 
 from sglang_evs.methods import (
     DEFAULT_METHOD,
+    MIN_TOKENS_PER_GROUP_SETTING,
     PRUNING_METHOD_SETTING,
     PRUNING_RATE_SETTING,
+    PRUNING_THRESHOLD_SETTING,
+    TOKEN_BUDGET_SETTING,
     PruningMethod,
     check_pruning_rate,
+    check_pruning_threshold,
+    check_token_count,
+    limited_count,
     method_named,
 )
 
 RETIRED_SETTING = "video_retention_ratio"
+SETTINGS = (
+    PRUNING_METHOD_SETTING,
+    PRUNING_RATE_SETTING,
+    TOKEN_BUDGET_SETTING,
+    MIN_TOKENS_PER_GROUP_SETTING,
+    PRUNING_THRESHOLD_SETTING,
+)
 # Every key the plugin reads from a config or a request: the retired one too, to refuse it by name.
-READ_SETTINGS = (PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING, RETIRED_SETTING)
+READ_SETTINGS = (*SETTINGS, RETIRED_SETTING)
+NAMESPACE = ("video_pruning_", "video_token_")  # a key starting so and not a setting is a misspelling
+NOT_SETTINGS = frozenset({"video_token_id", "video_token_index"})  # model-config token ids with the prefix
+THRESHOLD_NOT_SERVED = (
+    "is not served yet: its kept count is known only after the vision encoder runs, and the prompt is laid "
+    f"out before it; prune with {PRUNING_RATE_SETTING}, {TOKEN_BUDGET_SETTING} or "
+    f"{MIN_TOKENS_PER_GROUP_SETTING} instead"
+)
 
 
 @dataclass(frozen=True)
 class Pruning:
     method: PruningMethod
     rate: float  # q in [0, 1); 0 prunes nothing, whatever the method
+    token_budget: int = 0  # N: at most N tokens per video; 0: none (a budget alone prunes)
+    min_tokens_per_group: int = 0  # k: no temporal group keeps fewer; 0: none (raises the count, never prunes)
+    threshold: float | None = None  # t in [0, 2]: not served yet (`pruning_from` refuses it)
 
     @property
     def prunes(self) -> bool:
-        return self.rate > 0.0
+        return self.rate > 0.0 or self.token_budget > 0 or self.threshold is not None
+
+    @property
+    def limits_count(self) -> bool:
+        """Whether a budget or a floor changes what the rate alone keeps (in some video)."""
+        return bool(self.token_budget or self.min_tokens_per_group)
+
+    def kept_count(self, tokens_per_group: int, num_groups: int) -> int:
+        """Tokens kept of a video of `num_groups` groups of `tokens_per_group` (`methods.limited_count`)."""
+        return limited_count(self.method, tokens_per_group, num_groups, self.rate, self.token_budget,
+                             self.min_tokens_per_group)  # fmt: skip
+
+    def named(self) -> str:
+        """The settings that prune, as a request writes them, for errors: e.g. `video_pruning_rate=0.5`."""
+        named = [f"{PRUNING_RATE_SETTING}={self.rate}"] if self.rate or not self.token_budget else []
+        named += [f"{TOKEN_BUDGET_SETTING}={self.token_budget}"] if self.token_budget else []
+        named += [f"{MIN_TOKENS_PER_GROUP_SETTING}={self.min_tokens_per_group}"] if self.min_tokens_per_group else []
+        return ", ".join(named)
 
 
 NO_PRUNING = Pruning(DEFAULT_METHOD, 0.0)
 
 
+def unknown_settings(settings: Mapping[str, object]) -> list[str]:
+    """The keys of `settings` in the pruning settings' namespace that are no setting (misspellings)."""
+    return [
+        key
+        for key in settings
+        if isinstance(key, str) and key.startswith(NAMESPACE) and key not in READ_SETTINGS and key not in NOT_SETTINGS
+    ]
+
+
 def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
-    """The method and rate `settings` name, each falling back to `default`'s; ValueError naming the
-    setting when a value is invalid or the retired `video_retention_ratio` is given."""
+    """The settings `settings` name, each falling back to `default`'s; ValueError naming the setting when a
+    value is invalid, a key of the namespace is no setting, the retired `video_retention_ratio` is given,
+    or `video_pruning_threshold` is (checked, then refused: not served yet)."""
     if settings.get(RETIRED_SETTING) is not None:
         raise ValueError(
             f"{RETIRED_SETTING} is no longer read: write {PRUNING_METHOD_SETTING}='vidcom2' and "
             f"{PRUNING_RATE_SETTING}=1 - {RETIRED_SETTING} (vLLM's settings)"
         )
+    unknown = unknown_settings(settings)
+    if unknown:
+        raise ValueError(
+            f"unknown video pruning setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
+            f"the settings are {', '.join(SETTINGS)}"
+        )
     name, rate = settings.get(PRUNING_METHOD_SETTING), settings.get(PRUNING_RATE_SETTING)
-    return Pruning(
+    budget, floor = settings.get(TOKEN_BUDGET_SETTING), settings.get(MIN_TOKENS_PER_GROUP_SETTING)
+    threshold = settings.get(PRUNING_THRESHOLD_SETTING)
+    pruning = Pruning(
         default.method if name is None else method_named(name),
         default.rate if rate is None else check_pruning_rate(rate),
+        default.token_budget if budget is None else check_token_count(budget, TOKEN_BUDGET_SETTING),
+        default.min_tokens_per_group if floor is None else check_token_count(floor, MIN_TOKENS_PER_GROUP_SETTING),
+        default.threshold if threshold is None else check_pruning_threshold(threshold),
     )
+    if pruning.threshold is not None:
+        raise ValueError(f"{PRUNING_THRESHOLD_SETTING}={pruning.threshold} {THRESHOLD_NOT_SERVED}")
+    return pruning
 
 
 def server_pruning(hf_config) -> Pruning:
@@ -69,7 +138,13 @@ def request_pruning(request_obj, default: Pruning) -> Pruning:
 
 def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs: dict | None) -> dict | None:
     """A chat request's `mm_processor_kwargs`, given the pruning settings its `chat_template_kwargs` name
-    that it does not name itself (its own win: `chat_template_kwargs` may hold a server-wide default)."""
+    that it does not name itself (its own win: `chat_template_kwargs` may hold a server-wide default).
+    Every key of the settings' namespace comes over, so that a misspelt one is refused as in
+    `mm_processor_kwargs`."""
     own = {key: value for key, value in (mm_processor_kwargs or {}).items() if value is not None}
-    carried = {key: value for key in READ_SETTINGS if (value := (chat_template_kwargs or {}).get(key)) is not None}
+    carried = {
+        key: value
+        for key, value in (chat_template_kwargs or {}).items()
+        if (key in READ_SETTINGS or key in unknown_settings({key: value})) and value is not None
+    }
     return {**carried, **own} if carried.keys() - own.keys() else mm_processor_kwargs

@@ -7,7 +7,12 @@ response's meta info, so a request's counts are handed over in this process.
 
 from collections import OrderedDict
 
-from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
+from sglang_evs.methods import (
+    MIN_TOKENS_PER_GROUP_SETTING,
+    PRUNING_METHOD_SETTING,
+    PRUNING_RATE_SETTING,
+    TOKEN_BUDGET_SETTING,
+)
 from sglang_evs.pruning.settings import Pruning
 
 _by_request: OrderedDict[str, dict] = OrderedDict()
@@ -16,10 +21,13 @@ _counters = None
 
 
 def usage_fields(pruning: Pruning, before: int, after: int) -> dict:
-    """The meta-info fields of one request: the two settings as applied, and the token counts."""
+    """The meta-info fields of one request: the settings as applied (a budget and a floor where there is
+    one), and the token counts."""
+    limits = {TOKEN_BUDGET_SETTING: pruning.token_budget, MIN_TOKENS_PER_GROUP_SETTING: pruning.min_tokens_per_group}
     return {
         PRUNING_METHOD_SETTING: pruning.method.name,
         PRUNING_RATE_SETTING: pruning.rate,
+        **{setting: value for setting, value in limits.items() if value},
         "video_tokens_before_pruning": before,
         "video_tokens_after_pruning": after,
     }

@@ -26,7 +26,7 @@ import torch
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.methods import METHODS
+from sglang_evs.methods import METHODS, limited_mask
 from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import (
     METHOD,
@@ -35,6 +35,7 @@ from sglang_evs.pruning.fields import (
     REGION_POSITIONS,
     encoder_patches,
     is_pruned,
+    pruned_limits,
     region_keep,
     region_span,
     video_grid,
@@ -104,8 +105,11 @@ class PrunedVideos:
         return out
 
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
-        method = METHODS[item.model_specific_data[METHOD]]
-        return method.retention_mask(rows, video_grid(item), self.spatial_merge_size, item.model_specific_data[RATE])
+        """The item's method at its rate, under the budget and floor it carries (`methods.limited_mask`: exactly
+        the count its region was laid out with)."""
+        data = item.model_specific_data
+        method, grid, merge = METHODS[data[METHOD]], video_grid(item), self.spatial_merge_size
+        return limited_mask(method, rows, grid, merge, data[RATE], *pruned_limits(item))
 
     def _timed_encode(self, items: list) -> torch.Tensor:
         if not trace.enabled():

@@ -44,3 +44,34 @@ def keep_mask(video_embeds: torch.Tensor, grid_thw: Sequence[int], spatial_merge
     for i in order[: kept_count(tpf, t, q)]:
         mask[i] = True
     return torch.tensor(mask, dtype=torch.bool)
+
+
+def limited_kept_count(tokens_per_group: int, num_groups: int, q: float, budget: int = 0, floor: int = 0) -> int:
+    """The count under a token budget and a per-group floor (0: off), restated: the rate's count, capped by
+    the budget, then raised to ``min(floor, tpf)`` per group."""
+    count = kept_count(tokens_per_group, num_groups, q)
+    count = min(count, budget) if budget else count
+    return max(count, min(floor, tokens_per_group) * num_groups) if floor else count
+
+
+def ranked(scores: Sequence[float]) -> list[int]:
+    """Row indices best first: higher score first, ties to the lower row, NaN first."""
+    return sorted(
+        range(len(scores)), key=lambda i: (not math.isnan(scores[i]), -scores[i] if not math.isnan(scores[i]) else 0.0)
+    )
+
+
+def limited_keep_mask(video_embeds: torch.Tensor, grid_thw: Sequence[int], spatial_merge_size: int, q: float,
+                      budget: int = 0, floor: int = 0) -> torch.Tensor:  # fmt: skip
+    """``[T * h * w]`` bool under a budget and a floor: each group its ``min(floor, tpf)`` best-scored rows, then
+    the best-scored of the rest up to ``limited_kept_count``."""
+    t, hh, ww = (int(v) for v in grid_thw)
+    tpf = (hh // spatial_merge_size) * (ww // spatial_merge_size)
+    order = ranked(scores(video_embeds, (t, hh, ww), spatial_merge_size))
+    k = min(floor, tpf)
+    first = [i for g in range(t) for i in [j for j in order if j // tpf == g][:k]]
+    taken = set(first)
+    rest = [i for i in order if i not in taken][: limited_kept_count(tpf, t, q, budget, floor) - len(first)]
+    mask = torch.zeros(t * tpf, dtype=torch.bool)
+    mask[first + rest] = True
+    return mask

@@ -342,3 +342,27 @@ def assert_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q, tie: floa
     differ = (served ^ oracle).nonzero().flatten()
     assert int(served.sum()) == int(oracle.sum())
     assert all(abs(float(row_scores[i]) - cutoff) < tie for i in differ), "the masks differ beyond ties"
+
+
+def assert_limited_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q, budget: int = 0, floor: int = 0,
+                                          tie: float = MASK_TIE):  # fmt: skip
+    """Under a token budget and a per-group floor (0: off): the server's mask keeps the oracle's count
+    (`evs_oracle.limited_keep_mask` on HF's features), at least the floor in every group, and the oracle's rows
+    except rows whose scores are within `tie` of a cut-off: the one of the rows past the floors, or their
+    group's floor (its `floor`-th best score)."""
+    from sglang_evs.testing.evs_oracle import limited_keep_mask, ranked
+
+    oracle = limited_keep_mask(oracle_rows, grid, merge, q, budget, floor)
+    row_scores = scores(oracle_rows, grid, merge)
+    groups = int(grid[0])
+    tpf, k = len(row_scores) // groups, min(floor, len(row_scores) // groups)
+    assert int(served.sum()) == int(oracle.sum())
+    assert min(served.view(groups, tpf).sum(dim=1).tolist()) >= k
+    order = ranked(row_scores)
+    floors = [[i for i in order if i // tpf == g][:k] for g in range(groups)]
+    past_floors = [i for i in order if oracle[i] and i not in {j for group in floors for j in group}]
+    cuts = {g: [row_scores[floors[g][-1]]] if k else [] for g in range(groups)}
+    rest_cut = [row_scores[past_floors[-1]]] if past_floors else []
+    for i in (served ^ oracle).nonzero().flatten().tolist():
+        near = [abs(row_scores[i] - cut) < tie for cut in cuts[i // tpf] + rest_cut]
+        assert any(near), f"the masks differ beyond ties at row {i} (score {row_scores[i]:.4g})"
