@@ -14,7 +14,7 @@ import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import media
-from sglang_evs.testing.chunked import assert_chunks_equal, served_in_chunks
+from sglang_evs.testing.chunked import PRUNING_DEFAULT_ARGS, assert_chunks_equal, served_in_chunks
 from sglang_evs.testing.compare import assert_same_greedy
 from sglang_evs.testing.evs_oracle import keep_mask
 from sglang_evs.testing.hf_reference import (
@@ -150,7 +150,8 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(served, clips, media_
     ]  # fmt: skip
     flush_cache(server.base_url)
     reference = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in cases]
-    results = served_in_chunks(model_dir, cases, (7, 50), ["--dtype", "float32"], tmp_path, graph_chunk=50)
+    args = ["--dtype", "float32", *PRUNING_DEFAULT_ARGS]  # prefill graphs on in graph mode (each case names its rate)
+    results = served_in_chunks(model_dir, cases, (7, 50), args, tmp_path, graph_chunk=50)
     assert_chunks_equal(results, reference, architecture)
 
 

@@ -12,17 +12,26 @@ Drafts: every speculative draft architecture of the registry resolves to SGLang'
 and beside any target this project does not serve (SGLang builds `Qwen3_5ForCausalLMMTP` for InternS2 and the
 text-only Qwen3.5 too), with the plugin as without it; only beside a served target whose record names it
 (`served.mtp_draft_of`), or the EAGLE3 draft where positions are traced, is it this project's class.
+
+Encoder disaggregation (slow tier, one fleet): an `--encoder-only` / `--language-only` pair of InternS2-Preview, a
+model SGLang lists for encoder disaggregation and this project does not serve (SGLang's class is a Qwen3.5-MoE
+subclass on SGLang's Qwen-VL processor), serves with the plugin exactly what the pair without it serves, a
+request asking for video pruning in its `mm_processor_kwargs` included: none of the plugin's encoder hooks acts.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from sglang_evs import trace
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
+from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs, per_request_rate
+from sglang_evs.testing.server import Launch, running_servers
 
 PROBE = Path(__file__).with_name("routine_probe.py")
 # Read off SGLang 0.5.23: the models the issue of "installed beside every model" names that stay upstream's:
@@ -145,3 +154,85 @@ def test_a_served_target_gets_the_draft_its_record_names_and_sglangs_for_any_oth
         "Qwen4ExpForCausalLMMTP",
         EAGLE3_DRAFT.architecture,
     }
+
+
+# --- encoder disaggregation of a model this project does not serve ----------------------------------------
+
+# A model SGLang 0.5.23 serves under encoder disaggregation (`arg_groups/pd_disaggregation_hook.py`'s list) that
+# the CPU route runs and a tiny checkpoint exists of: InternS2-Preview, SGLang's Qwen3.5-MoE subclass.
+NOT_OURS_ON_THE_ENCODER_LIST = "InternS2PreviewForConditionalGeneration"
+
+
+@pytest.fixture(scope="module")
+def tiny_interns2_dir(tiny_qwen3_5_moe_dir, tmp_path_factory) -> Path:
+    """The tiny Qwen3.5-MoE checkpoint under InternS2-Preview's architecture and model type (SGLang's own config
+    class, `InternS2PreviewConfig`, a Qwen3.5-MoE config, reads it; its weights are the same modules)."""
+    out = tmp_path_factory.mktemp("tiny_interns2") / "model"
+    shutil.copytree(tiny_qwen3_5_moe_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    config["architectures"] = [NOT_OURS_ON_THE_ENCODER_LIST]
+    config["model_type"] = config["vision_config"]["model_type"] = "intern_s2_preview"
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def encoder_path_requests(media: Path) -> dict[str, tuple[str, dict]]:
+    video = media_kwargs(videos=[media / "moving.mp4"])
+    return {
+        "text": (chat_prompt(text="Count the objects."), {}),
+        "image": (chat_prompt(IMAGE), media_kwargs(images=[media / "image.png"])),
+        "video": (chat_prompt(VIDEO), video),
+        "video asking evs q=0.5": (chat_prompt(VIDEO), {**video, **per_request_rate(0.5)}),
+        "image+video asking vidcom2 q=0.75": (
+            chat_prompt(IMAGE, VIDEO),
+            {
+                **media_kwargs(images=[media / "image2.png"], videos=[media / "noise.mp4"]),
+                **per_request_rate(0.75, "vidcom2"),
+            },
+        ),
+    }
+
+
+def answer(base_url: str, prompt: str, kwargs: dict) -> Generation | str:
+    """The reply, or the server's refusal (its status and text)."""
+    try:
+        return generate(base_url, prompt, **kwargs)[0]
+    except RuntimeError as refusal:
+        return str(refusal)
+
+
+@pytest.fixture(scope="module")
+def encoder_pairs(tiny_interns2_dir, media_dir, tmp_path_factory) -> dict:
+    """{side: {request: reply}} from two pairs started together, each an encoder and its language server: the
+    plugin's ("on", both traced) and upstream's ("off", SGLANG_PLUGINS=none on both servers)."""
+    folder = tmp_path_factory.mktemp("encoder_pairs")
+    envs = {"on": {trace.ENV: str(folder / "trace-on.jsonl")}, "off": {"SGLANG_PLUGINS": "none"}}
+    args = ["--dtype", "float32"]
+    encoders = [Launch(tiny_interns2_dir, folder / f"encoder-{side}.log", [*args, "--encoder-only"], env)
+                for side, env in envs.items()]  # fmt: skip
+    out: dict = {"trace": folder / "trace-on.jsonl"}
+    with running_servers(*encoders) as started:
+        languages = [
+            Launch(tiny_interns2_dir, folder / f"language-{side}.log",
+                   [*args, "--language-only", "--encoder-urls", encoder.base_url], env)
+            for (side, env), encoder in zip(envs.items(), started, strict=True)
+        ]  # fmt: skip
+        with running_servers(*languages) as servers:
+            for side, server in zip(envs, servers, strict=True):
+                out[side] = {
+                    name: answer(server.base_url, *case) for name, case in encoder_path_requests(media_dir).items()
+                }
+            out["logs"] = [server.log() for server in (*started, *servers)]
+    return out
+
+
+@pytest.mark.slow
+def test_an_encoder_pair_of_a_model_not_ours_serves_as_upstreams_pair(encoder_pairs):
+    on, off = encoder_pairs["on"], encoder_pairs["off"]
+    assert on == off  # tokens, every logprob and top-5 logprob, prompt lengths; or the same refusal
+    assert all(isinstance(reply, Generation) for reply in on.values()), on
+    assert on["video asking evs q=0.5"].prompt_tokens == on["video"].prompt_tokens  # nothing pruned
+    assert sum("plugin loaded" in log for log in encoder_pairs["logs"]) == 2  # the plugin's pair ran it
+    written = encoder_pairs["trace"].read_text().splitlines() if encoder_pairs["trace"].exists() else []
+    events = {json.loads(line)["event"] for line in written}
+    assert not events & {"encoder_pruned", "encoder_sent", "keep_mask"}, events  # no hook of the plugin acted

@@ -30,6 +30,7 @@ import torch
 from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.benchmarks import load_benchmark
+from sglang_evs.testing.chunked import PRUNING_DEFAULT_ARGS
 from sglang_evs.testing.compare import assert_same_generation
 from sglang_evs.testing.hf_reference import expected_positions, rule_positions
 from sglang_evs.testing.requests import (
@@ -412,7 +413,8 @@ def eagle3_launches(model: Path, draft: Path, blind_draft: Path, out: Path) -> t
         Launch(model, out / "plain.log", args),
         Launch(model, out / "upstream.log", [*args, *eagle3_flags(draft)], {"SGLANG_PLUGINS": "none"}),
         Launch(model, out / "blind.log", [*args, *eagle3_flags(blind_draft)]),
-        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft), *GRAPH_BATCHES],
+        # its default prunes, so the plugin's prefill graphs are on (every request to it names its rate)
+        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft), *GRAPH_BATCHES, *PRUNING_DEFAULT_ARGS],
                traced(out / "graphs-trace.jsonl"), graph_mode=True),
     )  # fmt: skip
 

@@ -112,6 +112,10 @@ def compare(mine: dict[str, Generation], reference: dict[str, Generation], toler
 # on CPU stand-ins (docs/cpu-runtime.md), with prefill buckets up to the chunk, as a GPU's defaults give.
 CPU_DRY_RUN_ARGS = ["--dtype", "bfloat16", "--chunked-prefill-size", str(CHUNK), "--cuda-graph-max-bs-prefill",
                     str(CHUNK)]  # fmt: skip
+# The plugin's graphs server names its prefill backend: its q = 0 requests go to upstream unchanged (no pruning
+# fields), so it has no pruning default, under which the plugin keeps upstream's eager prefill for Qwen3-VL
+# (`plugin.prefill_graphs_serve_pruning`); the flag is SGLang's own, which upstream honours the same way.
+PREFILL_GRAPHS_BY_FLAG = ["--cuda-graph-backend-prefill", "breakable"]
 
 
 def launches(model_dir: Path, work: Path, trace_path: Path, on_gpu: bool = True) -> list[Launch]:
@@ -120,13 +124,15 @@ def launches(model_dir: Path, work: Path, trace_path: Path, on_gpu: bool = True)
     traced, upstream = {trace.ENV: str(trace_path)}, {"SGLANG_PLUGINS": "none"}
     if not on_gpu:
         return [
-            Launch(model_dir, work / "graphs.log", CPU_DRY_RUN_ARGS, traced, graph_mode=True),
+            Launch(
+                model_dir, work / "graphs.log", [*CPU_DRY_RUN_ARGS, *PREFILL_GRAPHS_BY_FLAG], traced, graph_mode=True
+            ),
             Launch(model_dir, work / "upstream.log", CPU_DRY_RUN_ARGS, upstream, graph_mode=True),
             Launch(model_dir, work / "eager.log", CPU_DRY_RUN_ARGS),
         ]
     args = gpu_server_args()
     return [
-        Launch(model_dir, work / "graphs.log", args, {**ROUTE_ON, **traced}, cpu=False),
+        Launch(model_dir, work / "graphs.log", [*args, *PREFILL_GRAPHS_BY_FLAG], {**ROUTE_ON, **traced}, cpu=False),
         Launch(model_dir, work / "upstream.log", args, {**ROUTE_ON, **upstream}, cpu=False),
         Launch(model_dir, work / "eager.log", without_graphs(args), ROUTE_ON, cpu=False),
     ]
