@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang_evs import sglang_compat
 from sglang_evs.methods import VIDCOM2
 from sglang_evs.pruning import disaggregated
 from sglang_evs.pruning.disaggregated import (
@@ -169,6 +170,7 @@ def test_records_are_kept_beside_a_videos_rows_by_a_served_models_server_only(mo
         checkpoint = tmp_path / architecture
         checkpoint.mkdir()
         (checkpoint / "config.json").write_text(json.dumps({"architectures": [architecture]}))
-        server = SimpleNamespace(get_server_args=lambda path=checkpoint: SimpleNamespace(model_path=path))
-        monkeypatch.setattr(disaggregated, "sglang", server)
+        server_args = SimpleNamespace(model_path=checkpoint)  # the server of that checkpoint
+        # (into the module's namespace: getattr would resolve SGLang's own, importing its runtime context)
+        monkeypatch.setitem(vars(sglang_compat), "get_server_args", lambda args=server_args: args)
         assert (disaggregated.RECORDS in with_pruning_records(upstream, "qwen3_5")) is kept, architecture

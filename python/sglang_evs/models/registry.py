@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from sglang_evs import trace
-from sglang_evs.pruning.refusals import checkpoint_config
+from sglang_evs.pruning.refusals import server_checkpoint
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, Draft, VideoFamily, mtp_draft_of
 
 
@@ -75,13 +75,6 @@ def draft_for_target(architecture: str | None, target: str | None) -> Draft | No
 
 
 def server_target() -> str | None:
-    """The first architecture of the checkpoint this process serves (`--model-path`: the target a draft is
-    built beside, in the draft worker too); None outside a server."""
-    from sglang_evs import sglang_compat
-
-    try:
-        server_args = sglang_compat.get_server_args()
-    except ValueError:  # "Global server args is not set yet": not a server process
-        return None
-    model_path = getattr(server_args, "model_path", None)
-    return None if model_path is None else (checkpoint_config(str(model_path)).get("architectures") or [None])[0]
+    """The first architecture of the checkpoint this process serves (the target a draft is built beside, in the
+    draft worker too); None outside a server."""
+    return (server_checkpoint().get("architectures") or [None])[0]

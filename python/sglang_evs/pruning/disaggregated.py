@@ -28,28 +28,14 @@ that does not run this plugin) fail that request by name instead of serving it a
 import pickle
 from array import array
 
-from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
 from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
 from sglang_evs.pruning.encoder_records import RECORDS, kept_counts, prune_encoded_videos, settings_for_encoder
-from sglang_evs.pruning.refusals import checkpoint_config, conflicting_setup, refuse_unsupported
+from sglang_evs.pruning.refusals import conflicting_setup, refuse_unsupported, serves_this_model
 from sglang_evs.pruning.settings import Pruning, pruning_from, server_pruning
-from sglang_evs.served import serves
 
 ASKED = "__sglang_evs_video_pruning"  # the request's setting, in its sampling parameters' custom_params
 ENCODER_SETTINGS = "evs_video_settings"  # each video's settings, on the encode context until the rows exist
-
-
-def serves_this_model(hf_config=None) -> bool:
-    """Whether this server's model is one the plugin serves (`served.serves`): the test every hook here makes
-    before it acts. `hf_config`: the model config the hooked object holds; None where it holds none (the
-    checkpoint this process serves, `--model-path`; False outside a server)."""
-    if hf_config is None:
-        try:
-            hf_config = checkpoint_config(str(sglang.get_server_args().model_path))
-        except ValueError:  # "Global server args is not set yet": not a server process
-            return False
-    return serves(hf_config)
 
 
 def _model_config(holder):
