@@ -33,7 +33,7 @@ import requests
 from sglang_evs import trace
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
 from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs, per_request_rate
-from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.server import Launch, free_port, running_servers
 
 PROBE = Path(__file__).with_name("routine_probe.py")
 # Read off SGLang 0.5.23: the models the issue of "installed beside every model" names that stay upstream's:
@@ -207,30 +207,29 @@ def answer(base_url: str, prompt: str, kwargs: dict) -> Generation | str:
 
 @pytest.fixture(scope="module")
 def encoder_pairs(tiny_interns2_dir, media_dir, tmp_path_factory) -> dict:
-    """{side: {request: reply}, (side, "alive"): whether its language server served on} from two pairs started
-    together, each an encoder and its language server: the plugin's ("on", traced) and upstream's ("off",
-    SGLANG_PLUGINS=none on both servers)."""
+    """{side: {request: reply}, (side, "alive"): whether its language server served on} from two pairs, each an
+    encoder and its language server, the four started together (the encoders' ports chosen here): the plugin's
+    ("on", traced) and upstream's ("off", SGLANG_PLUGINS=none on both servers)."""
     folder = tmp_path_factory.mktemp("encoder_pairs")
     envs = {"on": {trace.ENV: str(folder / "trace-on.jsonl")}, "off": {"SGLANG_PLUGINS": "none"}}
     args = ["--dtype", "float32"]
-    encoders = [Launch(tiny_interns2_dir, folder / f"encoder-{side}.log", [*args, "--encoder-only"], env)
-                for side, env in envs.items()]  # fmt: skip
+    ports = {side: free_port() for side in envs}
+    encoders = [Launch(tiny_interns2_dir, folder / f"encoder-{side}.log", [*args, "--encoder-only"], env,
+                       port=ports[side]) for side, env in envs.items()]  # fmt: skip
+    languages = [Launch(tiny_interns2_dir, folder / f"language-{side}.log",
+                        [*args, "--language-only", "--encoder-urls", f"http://127.0.0.1:{ports[side]}"], env)
+                 for side, env in envs.items()]  # fmt: skip
     out: dict = {"trace": folder / "trace-on.jsonl"}
-    with running_servers(*encoders) as started:
-        languages = [
-            Launch(tiny_interns2_dir, folder / f"language-{side}.log",
-                   [*args, "--language-only", "--encoder-urls", encoder.base_url], env)
-            for (side, env), encoder in zip(envs.items(), started, strict=True)
-        ]  # fmt: skip
-        with running_servers(*languages) as servers:
-            for side, server in zip(envs, servers, strict=True):
-                out[side] = {
-                    name: answer(server.base_url, *case) for name, case in encoder_path_requests(media_dir).items()
-                }
-                time.sleep(2)  # a scheduler that fails exits within a second (SIGQUIT to its server)
-                out[side, "alive"] = server.alive()
-            pairs = zip(envs, started, servers, strict=True)
-            out["logs"] = {side: encoder.log() + language.log() for side, encoder, language in pairs}
+    with running_servers(*encoders, *languages) as servers:
+        encoder_servers, language_servers = servers[:2], servers[2:]
+        for side, server in zip(envs, language_servers, strict=True):
+            out[side] = {
+                name: answer(server.base_url, *case) for name, case in encoder_path_requests(media_dir).items()
+            }
+            time.sleep(2)  # a scheduler that fails exits within a second (SIGQUIT to its server)
+            out[side, "alive"] = server.alive()
+        pairs = zip(envs, encoder_servers, language_servers, strict=True)
+        out["logs"] = {side: encoder.log() + language.log() for side, encoder, language in pairs}
     return out
 
 
