@@ -23,9 +23,8 @@ import pytest
 from sglang_evs import trace
 from sglang_evs.pruning.videos import PERTURB_MASKS_ENV
 from sglang_evs.testing import media
-from sglang_evs.testing.chunked import PRUNING_DEFAULT_ARGS
 from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, logprob_gap, media_kwargs
-from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.server import PRUNING_DEFAULT_ARGS, Launch, running_servers
 
 pytestmark = pytest.mark.slow
 

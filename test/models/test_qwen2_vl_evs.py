@@ -14,7 +14,7 @@ import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import media
-from sglang_evs.testing.chunked import PRUNING_DEFAULT_ARGS, assert_chunks_equal, served_in_chunks
+from sglang_evs.testing.chunked import assert_chunks_equal, served_in_chunks
 from sglang_evs.testing.compare import assert_same_greedy
 from sglang_evs.testing.evs_oracle import keep_mask
 from sglang_evs.testing.hf_reference import (
@@ -38,7 +38,7 @@ from sglang_evs.testing.requests import (
     per_request_rate,
     pruning_metrics,
 )
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import PRUNING_DEFAULT_ARGS, running_server
 from sglang_evs.testing.vidcom2_oracle import keep_mask as vidcom2_keep_mask
 from sglang_evs.testing.workload import send_alone, send_together
 

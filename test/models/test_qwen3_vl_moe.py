@@ -12,7 +12,7 @@ import pytest
 
 from sglang_evs.methods import METHODS
 from sglang_evs.testing import media
-from sglang_evs.testing.chunked import PRUNING_DEFAULT_ARGS, assert_chunks_equal, served_in_chunks
+from sglang_evs.testing.chunked import assert_chunks_equal, served_in_chunks
 from sglang_evs.testing.media import GROUPS, TOKENS_PER_GROUP
 from sglang_evs.testing.requests import (
     IMAGE,
@@ -23,7 +23,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import PRUNING_DEFAULT_ARGS, running_server
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,6 @@ import torch
 from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.benchmarks import load_benchmark
-from sglang_evs.testing.chunked import PRUNING_DEFAULT_ARGS
 from sglang_evs.testing.compare import assert_same_generation
 from sglang_evs.testing.hf_reference import expected_positions, rule_positions
 from sglang_evs.testing.requests import (
@@ -42,7 +41,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import Launch, run_to_exit, running_servers
+from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG, Launch, run_to_exit, running_servers
 from sglang_evs.testing.workload import replayed_padded, send_alone, send_together
 
 pytestmark = pytest.mark.slow  # twelve servers
@@ -413,8 +412,8 @@ def eagle3_launches(model: Path, draft: Path, blind_draft: Path, out: Path) -> t
         Launch(model, out / "plain.log", args),
         Launch(model, out / "upstream.log", [*args, *eagle3_flags(draft)], {"SGLANG_PLUGINS": "none"}),
         Launch(model, out / "blind.log", [*args, *eagle3_flags(blind_draft)]),
-        # its default prunes, so the plugin's prefill graphs are on (every request to it names its rate)
-        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft), *GRAPH_BATCHES, *PRUNING_DEFAULT_ARGS],
+        # prefill graphs by flag: its q = 0 requests carry no pruning fields (`server.PREFILL_GRAPHS_BY_FLAG`)
+        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft), *GRAPH_BATCHES, *PREFILL_GRAPHS_BY_FLAG],
                traced(out / "graphs-trace.jsonl"), graph_mode=True),
     )  # fmt: skip
 

@@ -11,9 +11,6 @@ from sglang_evs.testing.server import Launch, running_servers
 # Graph-mode chunk servers capture prefill graphs up to 64 tokens (SGLang's default stops below the chunk
 # size for 33 or 50), so that their full chunks replay too, padded to the 48- or 64-token bucket.
 GRAPH_CHUNK_ARGS = ("--cuda-graph-max-bs-prefill", "64")
-# A server-wide default that prunes: the plugin's prefill graphs are on only where the server's default prunes
-# (`plugin.prefill_graphs_serve_pruning`), as they would be on a GPU. For servers whose cases each name their rate.
-PRUNING_DEFAULT_ARGS = ("--json-model-override-args", '{"video_pruning_rate": 0.5}')
 
 
 def served_in_chunks(
@@ -22,7 +19,7 @@ def served_in_chunks(
     """chunk size (None: SGLang's default) -> (first replies, repeated replies) of `cases`, one
     server per size, started together; the repeats must hit the radix cache. The server of
     `graph_chunk` runs in graph mode (`sglang_evs.testing.server`), as a GPU serves by default: its media
-    prefills replay prefill graphs where `server_args` set a default that prunes (`PRUNING_DEFAULT_ARGS`)."""
+    prefills replay prefill graphs where `server_args` set a default that prunes (`server.PRUNING_DEFAULT_ARGS`)."""
     launches, graph_trace = [], log_dir / "graph-trace.jsonl"
     for chunk in chunk_sizes:
         graphs = chunk is not None and chunk == graph_chunk

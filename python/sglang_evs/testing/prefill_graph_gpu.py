@@ -20,7 +20,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG, Launch, running_servers
 
 # bfloat16's step is 2^-8 of a value: the tiny model's logits (spread about 4) then differ by a few hundredths
 # between a padded (replayed) batch and an eager one; the bounds are several times that.
@@ -112,10 +112,6 @@ def compare(mine: dict[str, Generation], reference: dict[str, Generation], toler
 # on CPU stand-ins (docs/cpu-runtime.md), with prefill buckets up to the chunk, as a GPU's defaults give.
 CPU_DRY_RUN_ARGS = ["--dtype", "bfloat16", "--chunked-prefill-size", str(CHUNK), "--cuda-graph-max-bs-prefill",
                     str(CHUNK)]  # fmt: skip
-# The plugin's graphs server names its prefill backend: its q = 0 requests go to upstream unchanged (no pruning
-# fields), so it has no pruning default, under which the plugin keeps upstream's eager prefill for Qwen3-VL
-# (`plugin.prefill_graphs_serve_pruning`); the flag is SGLang's own, which upstream honours the same way.
-PREFILL_GRAPHS_BY_FLAG = ["--cuda-graph-backend-prefill", "breakable"]
 
 
 def launches(model_dir: Path, work: Path, trace_path: Path, on_gpu: bool = True) -> list[Launch]:
