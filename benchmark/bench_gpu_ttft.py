@@ -7,8 +7,10 @@ ideal; prefill CUDA graphs against eager, side by side.
 
 Two servers at once on one GPU, both the GPU route's (`sglang_evs.runtime.gpu_route.SERVER_ARGS`) in bfloat16 with
 random weights (`--load-format dummy`) on the Qwen3-VL-8B-shaped config (`testing/qwen3_vl_8b_shape.py`):
-`graph` with SGLang's defaults (decode graphs, breakable prefill graphs; buckets of 256-4096 tokens, so that
-a prompt pads at most 2x) and `eager` (prefill graphs off). Clips from `bench/make_video_dataset.py` (half
+`graph` with decode graphs and breakable prefill graphs (buckets of 256-4096 tokens, so that a prompt pads at
+most 2x), the prefill backend named (`--cuda-graph-backend-prefill breakable`: the plugin turns its models' prefill
+graphs on by itself only where the server's default prunes, and this server has none, each request naming its
+rate) and `eager` (prefill graphs off). Clips from `bench/make_video_dataset.py` (half
 static, half a moving square). For each clip the rates go in an order rotated per clip and, for each rate,
 the two servers in alternating order; each measurement is, on a flushed radix cache:
   - a streamed video chat request with one output token: TTFT, and the prompt tokens the server reports;
@@ -38,17 +40,18 @@ BUCKETS = (256, 512, 1024, 2048, 4096)  # prefill graph buckets (tokens): each a
 
 
 def gpu_server_args(prefill_graphs: bool, chunk: int = BUCKETS[-1]) -> list[str]:
-    """One side's server: the GPU route in bfloat16 with random weights; prefill graphs on (SGLang's
-    default backend) or off."""
+    """One side's server: the GPU route in bfloat16 with random weights; prefill graphs on (breakable, named)
+    or off."""
     from sglang_evs.runtime.gpu_route import SERVER_ARGS
     from sglang_evs.testing.gpu import without_prefill_graphs
+    from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG
 
     args = [
         *SERVER_ARGS, "--dtype", "bfloat16", "--load-format", "dummy", "--chunked-prefill-size", str(chunk),
         "--cuda-graph-bs-prefill", *(str(b) for b in BUCKETS if b <= chunk), "--cuda-graph-max-bs-decode", "4",
         "--mem-fraction-static", "0.4", "--context-length", "32768",
     ]  # fmt: skip
-    return args if prefill_graphs else without_prefill_graphs(args)
+    return [*args, *PREFILL_GRAPHS_BY_FLAG] if prefill_graphs else without_prefill_graphs(args)
 
 
 # --smoke: float32 on CPU in graph mode (SGLang's graph runners replaying on CPU stand-ins), prefill graphs of
@@ -63,7 +66,9 @@ def launch(model: str, work: Path, side: str, trace_path: Path, smoke: bool):
     from sglang_evs.testing.server import Launch
 
     env = {"SGLANG_EVS_TRACE": str(trace_path), **({} if smoke else ROUTE_ON)}
-    args = SMOKE_ARGS if smoke else gpu_server_args(side == "graph")
+    from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG
+
+    args = [*SMOKE_ARGS, *PREFILL_GRAPHS_BY_FLAG] if smoke else gpu_server_args(side == "graph")
     return Launch(model, work / f"{side}.log", args, env, cpu=smoke, graph_mode=smoke)
 
 

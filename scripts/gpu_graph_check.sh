@@ -3,7 +3,7 @@
 # stand-ins for its CUDA kernels, SGLANG_EVS_GPU_ROUTE=1; no CPU environment), in bfloat16, within 8 minutes:
 #   1. the GPU tests (the route's ops and SGLang's layers captured in a CUDA graph: test/runtime/test_sgl_kernel_torch.py,
 #      test_gpu_route.py; then test/models/test_prefill_cuda_graph_gpu.py; at most TESTS_S seconds, default 270): the tiny
-#      Qwen3-VL with SGLang's graph defaults, q = 0 against upstream with the same flags, EVS and VidCom2 at
+#      Qwen3-VL with decode graphs and breakable prefill graphs (named by flag), q = 0 against upstream, EVS and VidCom2 at
 #      q = .75 against the same server eager, every media prefill and decode step replayed, chunked prefill
 #      and a radix repeat; each comparison prints its largest logprob gap;
 #   2. the TTFT benchmark (benchmark/bench_gpu_ttft.py, at most BENCH_S seconds, default 200): the

@@ -66,7 +66,6 @@ def register_hooks() -> None:
     from sglang_evs import trace
     from sglang_evs.models import registry
     from sglang_evs.pruning import disaggregated, prefill_decode, sessions
-    from sglang_evs.served import SERVED
 
     # No hook on SGLang's embedding routine: this project's models call this project's routine
     # (models/adapter.py), every other model keeps calling upstream's, untouched.
@@ -95,6 +94,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("init_prefill_graph"), keep_mrope_draft_prefill_eager, around)
     register(sglang.hook_target("extend_session_media"), sessions.move_pruned_regions_with_the_turn, around)
     register(sglang.hook_target("queue_request"), sessions.refuse_session_logprobs_over_pruned_videos, before)
+    register(sglang.hook_target("breakable_prefill_rules"), allow_prefill_graphs_where_the_default_prunes, around)
     if trace.enabled():
         from sglang_evs.graph_trace import trace_graph_replay
 
@@ -104,11 +104,6 @@ def register_hooks() -> None:
         from sglang_evs.transfer_trace import record_transfer
 
         register(sglang.hook_target("pd_transfer_data"), record_transfer, around)
-    # Our models' language models take no tensor argument but input_embeds (deepstack and
-    # positions sit in fixed buffers, models/graph_inputs.py), so SGLang's prefill CUDA
-    # graphs may wrap them.
-    breakable = sglang.BREAKABLE_CUDA_GRAPH_MM_ARCHS
-    breakable.extend(arch for arch, model in SERVED.items() if arch not in breakable and model.eager_prefill is None)
 
 
 class UnsupportedServerArgsError(ValueError):
@@ -229,8 +224,9 @@ def keep_mrope_draft_prefill_eager(original, model_runner, *args, **kwargs):
     from a checkpoint SGLang does not take for multimodal (an EAGLE3 draft of a Qwen-VL target) gets
     a prefill graph whose capture batch has no M-RoPE positions, and its capture fails (the server
     stops at startup). Upstream never captures one for this project's models, whose prefill graphs it
-    keeps off; the plugin turns them on, so for them the draft's prefill stays eager (the target's
-    prefill, and every decode, verify and draft step, still replay graphs)."""
+    keeps off; the plugin turns them on where the server's default prunes (`prefill_graphs_serve_pruning`),
+    so for them the draft's prefill stays eager (the target's prefill, and every decode, verify and draft
+    step, still replay graphs)."""
     from sglang_evs.served import SERVED
 
     model = model_runner.model
@@ -246,16 +242,46 @@ def keep_mrope_draft_prefill_eager(original, model_runner, *args, **kwargs):
     return original(model_runner, *args, **kwargs)
 
 
+def prefill_graphs_serve_pruning(hf_config) -> bool:
+    """Whether the plugin turns breakable prefill graphs on for a server of this model: one it serves whose
+    record leaves its prefill to graphs (`served.ServedModel.eager_prefill`) and whose server-wide default
+    prunes (`pruning.settings.server_pruning`). Its language model reads nothing but `input_embeds` outside
+    fixed buffers (`models/graph_inputs.py`), so a replay serves pruned videos at their exact positions. A server
+    whose default prunes nothing keeps upstream's choice (eager prefill for the architectures off SGLang's
+    allowlist), so at q = 0 it computes what upstream computes; a request there that asks for pruning itself
+    prefills eagerly, exact as well."""
+    from sglang_evs.pruning.settings import server_pruning
+    from sglang_evs.served import SERVED
+
+    model = SERVED.get((getattr(hf_config, "architectures", None) or [None])[0])
+    return model is not None and model.eager_prefill is None and server_pruning(hf_config).prunes
+
+
+def allow_prefill_graphs_where_the_default_prunes(original, server_args, *args, **kwargs):
+    """AROUND hook on SGLang's `disable_breakable_cudagraph_if_incompatible`, the server-argument resolution
+    step (launching process, before any scheduler starts) whose "multimodal model" rule turns breakable prefill
+    graphs off for a multimodal architecture off SGLang's allowlist (`ModelConfig
+    .is_multimodal_breakable_cuda_graph_supported`, read from the allowlist when the config is built, and by
+    nothing else): for a server where `prefill_graphs_serve_pruning`, this server's model config passes that
+    rule; every other rule, and every other server, is SGLang's. An explicit `--cuda-graph-backend-prefill`
+    skips the step, for any model, as upstream."""
+    from sglang_evs import sglang_compat as sglang
+
+    model_config = sglang.model_config_of(server_args)
+    if prefill_graphs_serve_pruning(model_config.hf_config):
+        model_config.is_multimodal_breakable_cuda_graph_supported = True
+    return original(server_args, *args, **kwargs)
+
+
 def carry_chat_pruning_setting(result, *args, **kwargs):
     """AFTER hook on the OpenAI chat handler's request conversion: a pruning setting in the chat
     request's `chat_template_kwargs` (the field sglang-router forwards) reaches the processor through
     the GenerateReqInput's `mm_processor_kwargs`. A ValueError here is SGLang's HTTP 400."""
-    from sglang_evs.models.registry import prunes_videos
     from sglang_evs.pruning.settings import chat_processor_kwargs
+    from sglang_evs.served import serves
 
     generate_request, chat_request = result
-    architectures = getattr(args[0].tokenizer_manager.model_config.hf_config, "architectures", None) or [None]
-    if not prunes_videos(architectures[0]):  # another model's processor is handed what the client sent
+    if not serves(args[0].tokenizer_manager.model_config.hf_config):  # another model's: what the client sent
         return result
     generate_request.mm_processor_kwargs = chat_processor_kwargs(
         chat_request.chat_template_kwargs, generate_request.mm_processor_kwargs

@@ -149,3 +149,11 @@ def mtp_draft_of(architecture: str | None) -> Draft | None:
     """The NEXTN draft the plugin serves with `architecture`'s positions; None where there is none."""
     model = SERVED.get(architecture)
     return None if model is None else model.mtp_draft
+
+
+def serves(config) -> bool:
+    """Whether the plugin serves the model `config` describes: its first architecture is one of `SERVED`.
+    `config`: a model's HF config (SGLang's `model_config.hf_config`), or a config.json read as a dict. The one
+    test a hook makes where it could be reached for another model: for any other it leaves SGLang's call as it was."""
+    architectures = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
+    return bool(architectures) and architectures[0] in SERVED

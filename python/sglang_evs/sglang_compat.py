@@ -24,9 +24,12 @@ INTERNALS: dict[str, str] = {
     "HookRegistry": "sglang.srt.plugins.hook_registry:HookRegistry",
     "HookType": "sglang.srt.plugins.hook_registry:HookType",
     "ModelRegistry": "sglang.srt.models.registry:ModelRegistry",
+    # SGLang's allowlist of multimodal architectures given breakable prefill graphs (read into each ModelConfig)
     "BREAKABLE_CUDA_GRAPH_MM_ARCHS": (
         "sglang.srt.configs.model_config:multimodal_breakable_cuda_graph_supported_model_archs"
     ),
+    # the server's ModelConfig during server-argument resolution (built once, memoized on the ServerArgs)
+    "model_config_of": "sglang.srt.arg_groups.model_override_base:model_config_of",
     # the multimodal embedding routine ours stands beside (every other model keeps calling it), and what
     # ours builds on
     "general_mm_embed_routine": "sglang.srt.managers.mm_utils:general_mm_embed_routine",
@@ -159,6 +162,9 @@ HOOK_TARGETS: dict[str, str] = {
     "queue_request": "sglang.srt.managers.scheduler:Scheduler._add_request_to_queue",
     # a model runner capturing its prefill graph (a draft's: `keep_mrope_draft_prefill_eager`)
     "init_prefill_graph": "sglang.srt.model_executor.model_runner:ModelRunner.init_prefill_cuda_graph",
+    # server-argument resolution's rules that turn breakable prefill graphs off (the multimodal allowlist among
+    # them), in the launching process (`plugin.allow_prefill_graphs_where_the_default_prunes`)
+    "breakable_prefill_rules": "sglang.srt.arg_groups.cuda_graph_hook:disable_breakable_cudagraph_if_incompatible",
     # traced only (SGLANG_EVS_TRACE): each replay of a graph runner (graph_trace.py)
     "prefill_graph_execute": (
         "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.execute"

@@ -70,7 +70,8 @@ def test_gpu_servers_are_bfloat16_dummy_weights_graph_and_eager(bench):
     for args in parsed.values():
         assert args.device == "cuda" and args.dtype == "bfloat16" and args.load_format == "dummy"
         assert args.cuda_graph_bs_prefill == list(bench.BUCKETS) and args.chunked_prefill_size == bench.BUCKETS[-1]
-    assert parsed[True].cuda_graph_backend_prefill is None and parsed[False].cuda_graph_backend_prefill == "disabled"
+    assert parsed[True].cuda_graph_backend_prefill == "breakable"  # named: the server's default prunes nothing
+    assert parsed[False].cuda_graph_backend_prefill == "disabled"
 
 
 def test_without_a_gpu_or_smoke_it_says_so_and_starts_nothing(tmp_path):

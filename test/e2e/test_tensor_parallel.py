@@ -9,7 +9,8 @@ crosses as rank 0 built it). The chunked TP = 2 servers
 also run the vision tower data-parallel over the TP ranks (`--mm-enable-dp-encoder`: each rank encodes
 part of the batch's media, then they gather), and run in graph mode (`sglang_evs.testing.server`), as a
 GPU serves by default: each rank replays SGLang's decode graphs and the prefill graphs the plugin turns
-on, its all-reduces inside them. Both TP ranks prune with one keep-mask (rank 0's, broadcast), seen in the
+on (the plugin's server has a default that prunes, `plugin.prefill_graphs_serve_pruning`; every case names
+its own rate), its all-reduces inside them. Both TP ranks prune with one keep-mask (rank 0's, broadcast), seen in the
 trace.
 
 The static clip's EVS scores after its first group are all rounding noise (its frames are the same
@@ -26,7 +27,7 @@ from sglang_evs import trace
 from sglang_evs.pruning.videos import PERTURB_MASKS_ENV
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, logprob_gap, media_kwargs
-from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.server import PRUNING_DEFAULT_ARGS, Launch, running_servers
 
 pytestmark = pytest.mark.slow
 
@@ -85,9 +86,10 @@ def served(request, tiny_model_dir, tiny_server, tmp_path_factory, scale_media):
     tp2 = ["--tp-size", "2"] + (["--mm-enable-dp-encoder"] if chunk else [BROADCAST_MM_INPUTS])
     cases = requests_to_compare(scale_media)
     folder = tmp_path_factory.mktemp(f"tp_{chunk}")
+    default = list(PRUNING_DEFAULT_ARGS) if chunk else []  # the plugin's prefill graphs on in graph mode
     plans = {
         # rank 1 inverts its own masks before the ranks agree (PERTURB_MASKS_ENV): rank 0's must win
-        2: (tp2, {trace.ENV: str(folder / "trace-tp2.jsonl"), PERTURB_MASKS_ENV: "1"}, cases),
+        2: ([*tp2, *default], {trace.ENV: str(folder / "trace-tp2.jsonl"), PERTURB_MASKS_ENV: "1"}, cases),
         "upstream": (tp2, {"SGLANG_PLUGINS": "none"}, {name: cases[name] for name in UNPRUNED}),
     }
     results, logs = {1: serve_all(tiny_server, cases)}, {}
@@ -106,8 +108,9 @@ def served(request, tiny_model_dir, tiny_server, tmp_path_factory, scale_media):
 TIE_BOUND = "static video q=0.75"  # every score after group 0 within rounding noise (module docstring)
 
 
-# In graph mode the plugin's server prefills under graphs, which upstream keeps off for Qwen3-VL: a replay is
-# padded to its bucket, and a CPU GEMM rounds a row differently with the row count (~1e-6 in logprobs).
+# In graph mode the plugin's server (its default prunes) prefills under graphs, which upstream keeps off for
+# Qwen3-VL, its q = 0 requests too: a replay is padded to its bucket, and a CPU GEMM rounds a row differently
+# with the row count (~1e-6 in logprobs).
 GRAPH_TOLERANCE = 1e-4
 
 

@@ -19,20 +19,41 @@ The process loads SGLang the way a server does: the registry imports every model
     argument, in the two shapes of call upstream's models make (plain, and with deepstack rows, as
     upstream Qwen3-VL's forward hands the routine `use_deepstack`); the multimodal model is a bare
     instance of the class.
+
+And for every speculative draft architecture of the registry (`DRAFT_NAME`), the class SGLang builds for it
+beside each target of `DRAFT_TARGETS` (none: outside a server), with positions traced and without (the
+plugin answers the EAGLE3 draft only where they are): the server's target is what a draft worker reads of
+its server arguments (`--model-path`), here a checkpoint directory holding only the target's config.json.
+
+Printed: {"models": {architecture: row}, "drafts": {draft: {"target|traced": class}}}.
 """
 
 import ast
 import hashlib
 import inspect
 import json
+import os
+import re
 import sys
+import tempfile
 import textwrap
 import types
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 HIDDEN, VOCAB = 8, 64
+# A speculative draft, by its registry name (SGLang 0.5.23 names each draft class so: NEXTN/MTP layers, EAGLE
+# heads, DFlash/DSpark and other draft models).
+DRAFT_NAME = re.compile(r"MTP|NextN|Eagle|DFlash|DSpark|Draft")
+# Targets SGLang builds the Qwen3.5 MTP draft for (`ModelConfig._config_draft_model`) that this project does
+# not serve, and a text model with no draft of its own; the served targets are added from `served.SERVED`.
+OTHER_TARGETS = (
+    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "InternS2PreviewForConditionalGeneration",
+    "InternS2MobiusForConditionalGeneration", "LlamaForCausalLM",
+)  # fmt: skip
 
 
 def main(plugin: str) -> None:
@@ -72,7 +93,39 @@ def main(plugin: str) -> None:
                 }
             ),  # fmt: skip
         }
-    print(json.dumps(table))
+    print(json.dumps({"models": table, "drafts": drafts_table(ModelRegistry)}))
+
+
+def drafts_table(registry) -> dict[str, dict[str, str]]:
+    """draft architecture -> {"target|traced": the class resolved} (see the module docstring)."""
+    from sglang.srt import runtime_context
+
+    from sglang_evs import trace
+    from sglang_evs.served import SERVED
+
+    drafts = sorted(arch for arch in registry.models if DRAFT_NAME.search(arch))
+    table: dict[str, dict[str, str]] = {draft: {} for draft in drafts}
+    with tempfile.TemporaryDirectory() as folder:
+        for target in (None, *OTHER_TARGETS, *SERVED):
+            checkpoint = None
+            if target is not None:
+                checkpoint = Path(folder, target)
+                checkpoint.mkdir()
+                (checkpoint / "config.json").write_text(json.dumps({"architectures": [target]}))
+            # the server arguments a draft worker reads: only the target's checkpoint is read of them
+            runtime_context._CONTEXT._server_args = None if target is None else SimpleNamespace(model_path=checkpoint)
+            for traced in (False, True):
+                traced_env = {trace.ENV: str(Path(folder, "trace.jsonl")), trace.POSITIONS_ENV: "1"}
+                for key in traced_env:
+                    os.environ.pop(key, None)
+                os.environ.update(traced_env if traced else {})
+                for draft in drafts:
+                    cls, _ = registry.resolve_model_cls([draft])
+                    table[draft][f"{target}|{traced}"] = f"{cls.__module__}:{cls.__qualname__}"
+        for key in (trace.ENV, trace.POSITIONS_ENV):
+            os.environ.pop(key, None)
+        runtime_context._CONTEXT._server_args = None
+    return table
 
 
 def routines_reached(cls: type, known: dict[int, str]) -> list[tuple[str, object]]:

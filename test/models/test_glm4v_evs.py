@@ -86,9 +86,10 @@ def images(tmp_path_factory) -> list[Path]:
 def servers(request, tmp_path_factory) -> dict:
     """Started together: {(architecture, "on"): the plugin's server (default rate 0, metrics on, traced),
     (architecture, "off"): upstream's, "chunked": the plugin's GLM-4.1V in 29-token chunks with VidCom2 at
-    q = .5 as its default, "graphs": the plugin's GLM-4.5V}; {"trace", name}: the plugin servers' trace files.
-    The chunked and graphs servers run in graph mode (`sglang_evs.testing.server`), as a GPU serves by
-    default: SGLang's decode graphs and the prefill graphs the plugin turns on for GLM replay."""
+    q = .5 as its default, "graphs": the plugin's GLM-4.5V with EVS at q = .5 as its default}; {"trace", name}:
+    the plugin servers' trace files. The chunked and graphs servers run in graph mode
+    (`sglang_evs.testing.server`), as a GPU serves by default: SGLang's decode graphs and the prefill graphs the
+    plugin turns on for GLM where the server's default prunes replay."""
     work = tmp_path_factory.mktemp("glm4v")
     dirs = {architecture: request.getfixturevalue(fixture) for architecture, fixture in FIXTURES.items()}
     plans, launches = [], []
@@ -105,7 +106,8 @@ def servers(request, tmp_path_factory) -> dict:
     launches.append(Launch(dirs[DENSE], work / "chunked.log", chunked, traced, graph_mode=True))
     plans.append("graphs")
     traced = {"SGLANG_EVS_TRACE": str(work / "trace-graphs.jsonl")}
-    launches.append(Launch(dirs[MOE], work / "graphs.log", ["--dtype", "float32"], traced, graph_mode=True))
+    graphs = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
+    launches.append(Launch(dirs[MOE], work / "graphs.log", graphs, traced, graph_mode=True))
     with running_servers(*launches) as started:
         out: dict = dict(zip(plans, started, strict=True))
         out.update({("trace", architecture): work / f"trace-{architecture}.jsonl" for architecture in FIXTURES})

@@ -1,11 +1,13 @@
 """GPU only: the tiny Qwen3-VL served as a GPU serves it, in bfloat16 on the GPU route (SGLang's Triton
 attention backend, `sglang_evs.runtime.gpu_route.SERVER_ARGS`), with SGLang's graph defaults: decode CUDA graphs, and
-breakable prefill graphs, which the plugin turns on for Qwen3-VL.
+breakable prefill graphs, which the plugin turns on for Qwen3-VL where the server's default prunes; the `graphs`
+server names them by flag (`--cuda-graph-backend-prefill breakable`, `prefill_graph_gpu.PREFILL_GRAPHS_BY_FLAG`),
+since its q = 0 requests are upstream's, without pruning fields, and so is its default.
 
 Run on the CUDA machine without the CPU environment (`bash scripts/gpu_graph_check.sh` does):
     SGLANG_EVS_GPU_ROUTE=1 pytest -m gpu test/models/test_prefill_cuda_graph_gpu.py
 
-Three servers, started together and shared by every test: the plugin with the defaults (`graphs`, traced),
+Three servers, started together and shared by every test: the plugin with prefill graphs (`graphs`, traced),
 upstream SGLang with the same flags (`upstream`, `SGLANG_PLUGINS=none`: it keeps Qwen3-VL's prefill eager),
 and the plugin with every graph off (`eager`). All three cut prompts into 64-token chunks, so media are
 prefilled across chunks, and each (method, rate) has its own prompt text before the media, so its media are

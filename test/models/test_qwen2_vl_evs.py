@@ -38,7 +38,7 @@ from sglang_evs.testing.requests import (
     per_request_rate,
     pruning_metrics,
 )
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import PRUNING_DEFAULT_ARGS, running_server
 from sglang_evs.testing.vidcom2_oracle import keep_mask as vidcom2_keep_mask
 from sglang_evs.testing.workload import send_alone, send_together
 
@@ -150,7 +150,8 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(served, clips, media_
     ]  # fmt: skip
     flush_cache(server.base_url)
     reference = [generate(server.base_url, prompt, **kwargs)[0] for prompt, kwargs in cases]
-    results = served_in_chunks(model_dir, cases, (7, 50), ["--dtype", "float32"], tmp_path, graph_chunk=50)
+    args = ["--dtype", "float32", *PRUNING_DEFAULT_ARGS]  # prefill graphs on in graph mode (each case names its rate)
+    results = served_in_chunks(model_dir, cases, (7, 50), args, tmp_path, graph_chunk=50)
     assert_chunks_equal(results, reference, architecture)
 
 

@@ -16,7 +16,6 @@ import pytest
 
 from sglang_evs import trace
 from sglang_evs.bench import mmmu_fixture
-from sglang_evs.testing.chunked import assert_media_prefills_and_decodes_replayed
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, logprob_gap, media_kwargs
 from sglang_evs.testing.server import Launch, running_servers
 
@@ -122,27 +121,24 @@ def test_mixed_batch_matches_upstream(served, config):
 
 
 # Graph mode (`sglang_evs.testing.server`), as a GPU serves by default: both servers replay SGLang's decode
-# graphs; the plugin's also prefill graphs, which upstream keeps off for Qwen3-VL. A replayed prefill is
-# padded to its bucket, and a CPU GEMM rounds a row differently with the row count: measured up to 1.4e-6
-# in logprobs apart from upstream's eager prefill. A position or deepstack row off moves them by units.
-GRAPH_TOLERANCE = 1e-4
-
-
+# graphs, and both keep Qwen3-VL's prefill eager: upstream leaves it off its prefill-graph allowlist, and the
+# plugin turns prefill graphs on only where the server's default prunes (`plugin.prefill_graphs_serve_pruning`),
+# so at q = 0 the two compute the same thing (a replayed prefill, padded to its bucket, would round rows
+# differently: 1.4e-6 in logprobs was measured when the plugin turned them on whatever the rate).
 @pytest.mark.parametrize("case", CASES)
 def test_graph_mode_matches_upstream_in_graph_mode(served, case):
-    ours, upstream = served["graphs", "on"][case], served["graphs", "off"][case]
-    assert ours.output_ids == upstream.output_ids and ours.prompt_tokens == upstream.prompt_tokens
-    assert logprob_gap(ours, upstream) < GRAPH_TOLERANCE
-    assert [[t for _, t in step] for step in ours.top_logprobs] == [
-        [t for _, t in step] for step in upstream.top_logprobs
-    ]
+    assert served["graphs", "on"][case] == served["graphs", "off"][case]  # every logprob and top-5 logprob
 
 
-def test_graph_mode_replays_media_prefills_and_every_decode(served):
-    """The plugin's server replayed a prefill graph for media-carrying chunks (reading its position buffer)
-    and decode graphs (reading SGLang's static M-RoPE positions)."""
-    assert_media_prefills_and_decodes_replayed(served["trace"]["graphs"])
-    assert "Capture target prefill CUDA graph" not in served["log", "graphs", "off"]  # upstream keeps it off
+def test_graph_mode_at_q0_replays_decodes_and_keeps_prefill_eager_as_upstream(served):
+    """Both servers replayed decode graphs (the plugin's trace: reading SGLang's static M-RoPE positions) and
+    captured no prefill graph; the plugin's prefill graphs replay where the default prunes
+    (`test_evs_serving.py::test_every_forward_of_a_pruned_video_replays_a_graph`)."""
+    replays = trace.read(served["trace"]["graphs"], "graph_replay")
+    assert replays and {r["phase"] for r in replays} == {"decode"}
+    assert {r["positions_from"] for r in replays} == {"mrope_positions"}
+    for plugin in ("on", "off"):
+        assert "Capture target prefill CUDA graph" not in served["log", "graphs", plugin]
 
 
 def test_mmmu_at_q0_scores_as_upstream_answer_by_answer(served):

@@ -23,7 +23,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import running_server
+from sglang_evs.testing.server import PRUNING_DEFAULT_ARGS, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -70,5 +70,6 @@ def test_images_are_never_pruned(served):
 
 def test_chunked_prefill_and_radix_hits_equal_one_prefill(served, tiny_qwen3_vl_moe_dir, clip, tmp_path):
     cases = [(chat_prompt(VIDEO), {**media_kwargs(videos=[clip]), **per_request_rate(0.75)})]
-    results = served_in_chunks(tiny_qwen3_vl_moe_dir, cases, (33,), ARGS, tmp_path, graph_chunk=33)
+    args = [*ARGS, *PRUNING_DEFAULT_ARGS]  # the graph-mode server's prefill graphs on (its case names its rate)
+    results = served_in_chunks(tiny_qwen3_vl_moe_dir, cases, (33,), args, tmp_path, graph_chunk=33)
     assert_chunks_equal(results, [served["one chunk"]], "Qwen3-VL-MoE")

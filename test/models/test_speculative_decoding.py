@@ -41,7 +41,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import Launch, run_to_exit, running_servers
+from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG, Launch, run_to_exit, running_servers
 from sglang_evs.testing.workload import replayed_padded, send_alone, send_together
 
 pytestmark = pytest.mark.slow  # twelve servers
@@ -412,7 +412,8 @@ def eagle3_launches(model: Path, draft: Path, blind_draft: Path, out: Path) -> t
         Launch(model, out / "plain.log", args),
         Launch(model, out / "upstream.log", [*args, *eagle3_flags(draft)], {"SGLANG_PLUGINS": "none"}),
         Launch(model, out / "blind.log", [*args, *eagle3_flags(blind_draft)]),
-        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft), *GRAPH_BATCHES],
+        # prefill graphs by flag: its q = 0 requests carry no pruning fields (`server.PREFILL_GRAPHS_BY_FLAG`)
+        Launch(model, out / "graphs.log", [*args, *eagle3_flags(draft), *GRAPH_BATCHES, *PREFILL_GRAPHS_BY_FLAG],
                traced(out / "graphs-trace.jsonl"), graph_mode=True),
     )  # fmt: skip
 

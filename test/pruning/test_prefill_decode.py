@@ -2,7 +2,8 @@
 messages and abort, with stand-ins for the queues and requests: the layout rides in slots SGLang leaves
 free, a decode server aborts a request whose prefill laid out another prompt (the broken copy among them: a
 decode side that kept the unpruned delta), and a prefill server fails the room of a decode server that
-allocated for another prompt, with a reason that decode server reads."""
+allocated for another prompt, with a reason that decode server reads; for a model the plugin does not serve,
+each hook leaves SGLang's call as it was."""
 
 from types import SimpleNamespace
 
@@ -41,6 +42,12 @@ def request(length: int = 256, delta: int = UNPRUNED_DELTA + PRUNED, items=None,
         rid="r1", origin_input_ids=list(range(length)), multimodal_inputs=inputs, bootstrap_room=room,
         bootstrap_host="10.0.0.2", metadata_buffer_index=1, finished_reason=None, return_logprob=False, **extra,
     )  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def served(monkeypatch) -> None:
+    """These servers serve a model of the plugin's (the hooks read it off the server's checkpoint)."""
+    monkeypatch.setattr(prefill_decode, "serves_this_model", lambda: True)
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +219,17 @@ def test_hooks_read_the_request_setting_from_its_items():
     assert layout_of(SimpleNamespace(origin_input_ids=[1, 2], multimodal_inputs=None)) == Layout(2, 0, None, 0.0)
     assert prefill_decode.METHOD_CODES == {"evs": 1, "vidcom2": 2}
     assert LENGTH_SLOT > 6
+
+
+def test_for_a_model_not_served_every_hook_leaves_sglangs_call_as_it_was(buffers, monkeypatch):
+    """Layouts that would fail a served model's request (another length, a prefill's pages a decode server did
+    not allocate): SGLang's rows, commits and transfers, with no layout written, checked or failed."""
+    monkeypatch.setattr(prefill_decode, "serves_this_model", lambda: False)
+    buffers.cached_tokens[1].zero_()
+    prefill_side(buffers, request())
+    assert read_layout(buffers.cached_tokens[1]) is None and buffers.cached_tokens[1][7:].tolist() == [0] * 9
+    buffers.bootstrap_room[1, 0] = ROOM
+    other = decode_request(request(length=456, delta=UNPRUNED_DELTA, items=[video_item(None)]))
+    assert commit(buffers, other) == [other] and other.req.finished_reason is None
+    manager = Manager([456])
+    assert finalize(request(), manager, 256) and manager.failed == []

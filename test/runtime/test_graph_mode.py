@@ -125,3 +125,54 @@ def test_attention_and_moe_ops_are_upstreams_and_replay_on_the_live_batch(cpu_ro
     assert gaps["decode replay reads live lengths"] > 1e-3  # ... and they did change the answer
     assert gaps["moe replay"] == 0.0  # routed as the live tokens are
     assert gaps["draft extend, padded"] == 0.0  # the padding row (seq_len 1 < its 3 tokens) did not stop it
+
+
+RESOLVE = """
+    import json
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang_evs import sglang_compat
+
+    load_plugins()  # as `sglang.launch_server` does before it resolves (none under SGLANG_PLUGINS=none)
+    backends = {}
+    for name, argv in json.loads(CASES):
+        server_args = prepare_server_args(argv)
+        server_args.resolve_once()
+        backends[name] = str(resolving_view(server_args).cuda_graph_config.prefill.backend).rsplit(".", 1)[-1]
+    print(json.dumps({"backends": backends, "allowlist": sglang_compat.BREAKABLE_CUDA_GRAPH_MM_ARCHS}))
+"""
+
+
+def test_prefill_graphs_resolve_as_upstreams_unless_the_servers_default_prunes(
+    cpu_route, tiny_model_dir, tiny_qwen3_5_dir, tiny_qwen3_omni_dir, tiny_gemma3_dir
+):
+    """Server-argument resolution in graph mode (prefill graphs breakable by default, as on CUDA), with the plugin
+    and without it: the plugin turns prefill graphs on only for its architectures off SGLang's allowlist whose
+    server default prunes (`plugin.prefill_graphs_serve_pruning`); a server at q = 0 resolves as upstream's,
+    and SGLang's allowlist itself is left as it is."""
+    from sglang_evs.testing.server import cpu_server_args
+
+    prunes = ["--json-model-override-args", '{"video_pruning_rate": 0.5}']
+    cases = {
+        "qwen3_vl q=0": (tiny_model_dir, []),
+        "qwen3_vl q=0.5": (tiny_model_dir, prunes),
+        "qwen3_vl q=0 by flag": (tiny_model_dir, ["--cuda-graph-backend-prefill", "breakable"]),
+        "qwen3_5 q=0 (on SGLang's allowlist)": (tiny_qwen3_5_dir, []),
+        "qwen3_omni q=0.5 (eager_prefill)": (tiny_qwen3_omni_dir, prunes),
+        "gemma3 (not served)": (tiny_gemma3_dir, []),
+    }
+    argv = [
+        (name, ["--model-path", str(path), *cpu_server_args(path), *extra]) for name, (path, extra) in cases.items()
+    ]
+    code = f"    CASES = {json.dumps(json.dumps(argv))}" + RESOLVE  # indented as the snippet is
+    # the plugin's run in the module's graph-mode interpreter (its other snippets load no plugin and read no hook)
+    resolved = {
+        plugin: json.loads(cpu_route(code, **{GRAPH_MODE_ENV: "1", **env}).splitlines()[-1])
+        for plugin, env in (("on", {}), ("off", {"SGLANG_PLUGINS": "none"}))
+    }
+    ours, upstream = resolved["on"]["backends"], resolved["off"]["backends"]
+    assert ours == {**upstream, "qwen3_vl q=0.5": "breakable"}, (ours, upstream)
+    assert upstream["qwen3_vl q=0"] == upstream["qwen3_vl q=0.5"] == "disabled"  # upstream keeps Qwen3-VL eager
+    assert upstream["qwen3_vl q=0 by flag"] == upstream["qwen3_5 q=0 (on SGLang's allowlist)"] == "breakable"
+    assert resolved["on"]["allowlist"] == resolved["off"]["allowlist"]

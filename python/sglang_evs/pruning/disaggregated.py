@@ -15,6 +15,10 @@ the hooks here carry them):
    (`encoder_records.lay_out_pruned`, from the processor's `get_mm_data`): the same rule as one server
    (unpruned positions, pruned rows deleted, decode offset grown by the pruned count).
 
+Every hook here acts only for the architectures the plugin serves (`serves_this_model`, from the config the
+hooked object holds): for any other model, a language server's requests, an encoder's rows, what the
+language scheduler keeps of them and how it reports a failed request are SGLang's own.
+
 The request's setting also rides to the language scheduler (in its sampling parameters' `custom_params`,
 SGLang's own private channel for per-request facts), so that rows coming back without a record (an encoder
 that does not run this plugin) fail that request by name instead of serving it at another rate
@@ -27,18 +31,30 @@ from array import array
 from sglang_evs import trace
 from sglang_evs.methods import PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
 from sglang_evs.pruning.encoder_records import RECORDS, kept_counts, prune_encoded_videos, settings_for_encoder
-from sglang_evs.pruning.refusals import conflicting_setup, rate_only_setup, refuse_unsupported
+from sglang_evs.pruning.refusals import conflicting_setup, rate_only_setup, refuse_unsupported, serves_this_model
 from sglang_evs.pruning.settings import NO_PRUNING, Pruning, pruning_from, server_pruning
 
 ASKED = "__sglang_evs_video_pruning"  # the request's setting, in its sampling parameters' custom_params
 ENCODER_SETTINGS = "evs_video_settings"  # each video's settings, on the encode context until the rows exist
 
 
+def _model_config(holder):
+    """The HF config of a tokenizer manager's, encoder's or scheduler's model (None where it has none)."""
+    return getattr(getattr(holder, "model_config", None), "hf_config", None)
+
+
+def _processor_config(holder):
+    """The HF config of a receiver's (or waiting request's) multimodal processor (None where it has none)."""
+    return getattr(getattr(holder, "mm_processor", None), "hf_config", None)
+
+
 def carry_pruning_to_encoders(tokenizer_manager, request, *args, **kwargs):
     """BEFORE hook on a `--language-only` server's dispatch of a request's media to its encoder servers:
     the request's method and rate over the server's (a bad one is SGLang's HTTP 400 here, before anything
     is sent), written back into its `mm_processor_kwargs` for `settings_to_video_entries`."""
-    hf_config = getattr(getattr(tokenizer_manager, "model_config", None), "hf_config", None)
+    hf_config = _model_config(tokenizer_manager)
+    if not serves_this_model(hf_config):
+        return
     default = server_pruning(hf_config)
     conflict = conflicting_setup(tokenizer_manager.server_args, hf_config)
     rate_only = rate_only_setup(tokenizer_manager.server_args)  # a budget or floor would not reach the encoders
@@ -75,6 +91,8 @@ def refuse_rows_without_records(waiting, *args, **kwargs) -> None:
     that asked for pruning, whose videos came back without the encoders' records (an encoder server that
     does not run this plugin sends every row, unpruned and unrecorded), fails with an error naming the
     encoders and the setting; SGLang reports it to the client and serves on. Never served at another rate."""
+    if not serves_this_model(_processor_config(waiting)):
+        return
     custom = waiting.recv_req.sampling_params.custom_params
     asked = custom.get(ASKED) if isinstance(custom, dict) else None
     if not asked:
@@ -96,6 +114,8 @@ def refuse_rows_without_records(waiting, *args, **kwargs) -> None:
 def settings_to_video_entries(result: list, receiver, request_obj, *args, **kwargs) -> list:
     """AFTER hook on the language server's list of media entries for the encoders: each video entry
     carries the request's method and rate (`carry_pruning_to_encoders` resolved them)."""
+    if not serves_this_model(_processor_config(receiver)):
+        return result
     settings = request_obj.mm_processor_kwargs
     if isinstance(settings, list):  # a batch: one setting for all (carry_pruning_to_encoders)
         settings = settings[0] if settings else None
@@ -112,7 +132,7 @@ async def remember_video_settings(original, encoder, requests, modality, *args, 
     its grids, onto the context for `prune_on_encoder`; a setting that prunes on an encoder whose setup cannot
     prune (`refusals.conflicting_setup`: its global multimodal cache) fails the request naming both."""
     context = await original(encoder, requests, modality, *args, **kwargs)
-    if getattr(modality, "name", None) != "VIDEO":
+    if getattr(modality, "name", None) != "VIDEO" or not serves_this_model(_model_config(encoder)):
         return context
     leaves = [leaf for request in requests for leaf in encoder.preprocessor._flatten_nested_items(request["mm_items"])]
     keys = (PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING)
@@ -143,7 +163,7 @@ def _grids(context) -> list[list[int]]:
 async def publish_pruned_sizes(original, encoder, context, requests, *args, **kwargs):
     """AROUND hook on the encoder's `_publish_preprocess_metadata` (sizes announced before the forward, and
     checked against what is staged): the pruned row counts. The forward itself still sees the full ones."""
-    settings = context.aux_data.get(ENCODER_SETTINGS)
+    settings = context.aux_data.get(ENCODER_SETTINGS)  # set for a served model only
     if settings is None:
         return await original(encoder, context, requests, *args, **kwargs)
     full = context.preprocess_result.token_counts
@@ -159,7 +179,7 @@ async def prune_on_encoder(original, encoder, context, *args, **kwargs):
     """AROUND hook on the encoder's `_compute_embedding`: each video's kept rows only, its kept count in
     the context's token counts (SGLang slices and sends by them), its record beside the rows."""
     rows = await original(encoder, context, *args, **kwargs)
-    settings = context.aux_data.pop(ENCODER_SETTINGS, None)
+    settings = context.aux_data.pop(ENCODER_SETTINGS, None)  # set for a served model only
     if rows is None or settings is None:
         return rows
     merge = _spatial_merge_size(encoder)
@@ -176,7 +196,11 @@ async def prune_on_encoder(original, encoder, context, *args, **kwargs):
 async def count_sent_bytes(original, encoder, embedding, mm_data, *args, **kwargs):
     """AROUND hook on the encoder's `_send` (traced only): the bytes of rows and of metadata it sent."""
     result = await original(encoder, embedding, mm_data, *args, **kwargs)
-    if trace.enabled() and getattr(mm_data, "embedding", None) is not None:
+    if (
+        trace.enabled()
+        and getattr(mm_data, "embedding", None) is not None
+        and serves_this_model(_model_config(encoder))
+    ):
         trace.record(
             "encoder_sent", req=mm_data.req_id, modality=getattr(mm_data.modality, "name", None),
             rows=int(mm_data.embedding.shape[0]), embedding_bytes=int(mm_data.embedding.nbytes),
@@ -186,15 +210,17 @@ async def count_sent_bytes(original, encoder, embedding, mm_data, *args, **kwarg
 
 
 def with_pruning_records(result: tuple, *args, **kwargs) -> tuple:
-    """AFTER hook on SGLang's `video_meta_attrs_for`: the language server keeps the records that come
-    with a video's rows, and hands them to its processor's `get_mm_data`."""
-    return result if RECORDS in result else (*result, RECORDS)
+    """AFTER hook on SGLang's `video_meta_attrs_for` (handed a model type only: the server's checkpoint
+    decides): the language server keeps the records that come with a video's rows, and hands them to its
+    processor's `get_mm_data`."""
+    return result if RECORDS in result or not serves_this_model() else (*result, RECORDS)
 
 
 def reportable_failed_request(receiver, recv_req, *args, **kwargs):
     """BEFORE hook on the language scheduler's `create_req`, which builds the Req that reports a request whose
     encoder failed (died, timed out, refused it): such a request has no prompt ids yet, and SGLang 0.5.23's
     output path takes their length, so the failure killed the scheduler instead of answering the client.
-    With an empty prompt the client gets the error and the server serves on."""
-    if recv_req.input_ids is None:
+    With an empty prompt the client gets the error and the server serves on (for the plugin's models: another
+    model's failure is left to SGLang)."""
+    if recv_req.input_ids is None and serves_this_model(_model_config(getattr(receiver, "scheduler", None))):
         recv_req.input_ids = array("q")  # the type SGLang gives a request's ids

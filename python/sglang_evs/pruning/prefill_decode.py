@@ -19,6 +19,10 @@ name instead of being decoded at wrong positions:
    (`check_decode_allocation`, once the decode server's KV slots are known): the pages it allocated against
    the pages this prompt fills; on a difference the transfer fails with the reason, which reaches the
    client in the decode server's error.
+
+Each hook acts for the architectures the plugin serves only (`refusals.serves_this_model`, from the server's
+checkpoint: the hooked buffers and queues hold no model config): for any other model a pair's metadata rows,
+commits and transfers are SGLang's own, two layouts that differ included.
 """
 
 import struct
@@ -28,6 +32,7 @@ from typing import NamedTuple
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.methods import METHODS, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
 from sglang_evs.pruning.fields import pruned_with
+from sglang_evs.pruning.refusals import serves_this_model
 
 # Slots of a request's `cached_tokens` metadata row (int32, 16 wide; SGLang writes 0-6, MetadataBuffers.set_buf).
 MARKER_SLOT, LENGTH_SLOT, DELTA_SLOT, METHOD_SLOT, RATE_SLOT = 7, 8, 9, 10, 11
@@ -107,7 +112,8 @@ def read_layout(row) -> Layout | None:
 def send_layout(result, buffers, req, *args, **kwargs):
     """AFTER hook on the prefill server's `MetadataBuffers.set_buf`: this request's layout into the free slots
     of the row the decode server receives with its first token."""
-    write_layout(buffers.cached_tokens[req.metadata_buffer_index], layout_of(req))
+    if serves_this_model():
+        write_layout(buffers.cached_tokens[req.metadata_buffer_index], layout_of(req))
     return result
 
 
@@ -142,7 +148,7 @@ def check_prefill_layout(original, queue, decode_req, *args, **kwargs):
     req, index = decode_req.req, decode_req.metadata_buffer_index
     buffers = queue.metadata_buffers
     own_room = buffers.bootstrap_room[index, 0].item() == (req.bootstrap_room or 0)
-    if sglang.is_fake_transfer(req) or decode_req.is_rebootstrap or not own_room:
+    if sglang.is_fake_transfer(req) or decode_req.is_rebootstrap or not own_room or not serves_this_model():
         return original(queue, decode_req, *args, **kwargs)
     mismatch = layout_mismatch(read_layout(buffers.cached_tokens[index]), req)
     if mismatch is None:
@@ -178,6 +184,8 @@ def check_decode_allocation(original, queue, req, *args, **kwargs):
     several tokens, a difference within the last page is not seen here (a decode server with this plugin
     sees it)."""
     finalized = original(queue, req, *args, **kwargs)
+    if not serves_this_model():
+        return finalized
     sender = getattr(req, "disagg_kv_sender", None)
     manager = getattr(sender, "kv_mgr", None)
     infos = getattr(manager, "transfer_infos", {}).get(req.bootstrap_room) if manager is not None else None

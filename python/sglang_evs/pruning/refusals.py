@@ -16,10 +16,11 @@ import functools
 import json
 from pathlib import Path
 
+from sglang_evs import sglang_compat
 from sglang_evs.methods import MIN_TOKENS_PER_GROUP_SETTING, PRUNING_RATE_SETTING, TOKEN_BUDGET_SETTING
 from sglang_evs.pruning.fields import is_pruned, pruned_limits, pruned_with, region_span
 from sglang_evs.pruning.settings import Pruning
-from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
+from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of, serves
 
 
 def conflicting_setup(server_args, hf_config=None) -> str | None:
@@ -135,6 +136,24 @@ def checkpoint_config(path: str) -> dict:
         return PretrainedConfig.get_config_dict(path)[0]  # the file as written: no remote code runs
     except (OSError, ValueError, KeyError):
         return {}
+
+
+def server_checkpoint() -> dict:
+    """The config.json of the checkpoint this process serves (`--model-path`; in a draft worker, the target's,
+    which a draft is built beside), as `checkpoint_config` reads it; {} outside a server."""
+    try:
+        model_path = sglang_compat.get_server_args().model_path
+    except ValueError:  # "Global server args is not set yet": not a server process
+        return {}
+    return {} if model_path is None else checkpoint_config(str(model_path))
+
+
+def serves_this_model(hf_config=None) -> bool:
+    """Whether this server's model is one the plugin serves (`served.serves`): the test every hook of encoder
+    and prefill/decode disaggregation (`disaggregated.py`, `prefill_decode.py`) makes before it acts, leaving
+    any other model to SGLang. `hf_config`: the model config the hooked object holds; None where it holds none
+    (then the server's checkpoint, `server_checkpoint`; False outside a server)."""
+    return serves(server_checkpoint() if hf_config is None else hf_config)
 
 
 # ServerArgs attribute (also set on an encoder server's model config) -> the role, as errors name it

@@ -18,7 +18,8 @@ def served_in_chunks(
 ) -> dict:
     """chunk size (None: SGLang's default) -> (first replies, repeated replies) of `cases`, one
     server per size, started together; the repeats must hit the radix cache. The server of
-    `graph_chunk` runs in graph mode (`sglang_evs.testing.server`), as a GPU serves by default."""
+    `graph_chunk` runs in graph mode (`sglang_evs.testing.server`), as a GPU serves by default: its media
+    prefills replay prefill graphs where `server_args` set a default that prunes (`server.PRUNING_DEFAULT_ARGS`)."""
     launches, graph_trace = [], log_dir / "graph-trace.jsonl"
     for chunk in chunk_sizes:
         graphs = chunk is not None and chunk == graph_chunk

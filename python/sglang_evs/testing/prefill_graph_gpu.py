@@ -20,7 +20,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
     per_request_rate,
 )
-from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG, Launch, running_servers
 
 # bfloat16's step is 2^-8 of a value: the tiny model's logits (spread about 4) then differ by a few hundredths
 # between a padded (replayed) batch and an eager one; the bounds are several times that.
@@ -120,13 +120,15 @@ def launches(model_dir: Path, work: Path, trace_path: Path, on_gpu: bool = True)
     traced, upstream = {trace.ENV: str(trace_path)}, {"SGLANG_PLUGINS": "none"}
     if not on_gpu:
         return [
-            Launch(model_dir, work / "graphs.log", CPU_DRY_RUN_ARGS, traced, graph_mode=True),
+            Launch(
+                model_dir, work / "graphs.log", [*CPU_DRY_RUN_ARGS, *PREFILL_GRAPHS_BY_FLAG], traced, graph_mode=True
+            ),
             Launch(model_dir, work / "upstream.log", CPU_DRY_RUN_ARGS, upstream, graph_mode=True),
             Launch(model_dir, work / "eager.log", CPU_DRY_RUN_ARGS),
         ]
     args = gpu_server_args()
     return [
-        Launch(model_dir, work / "graphs.log", args, {**ROUTE_ON, **traced}, cpu=False),
+        Launch(model_dir, work / "graphs.log", [*args, *PREFILL_GRAPHS_BY_FLAG], {**ROUTE_ON, **traced}, cpu=False),
         Launch(model_dir, work / "upstream.log", args, {**ROUTE_ON, **upstream}, cpu=False),
         Launch(model_dir, work / "eager.log", without_graphs(args), ROUTE_ON, cpu=False),
     ]

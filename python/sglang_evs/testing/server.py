@@ -77,6 +77,12 @@ def graph_mode_env(graph_mode: bool) -> dict[str, str]:
 # capture on CPU, for forwards no test here sends (a larger forward runs eagerly, as on a GPU).
 GRAPH_MODE_PREFILL_TOKENS = ("--cuda-graph-max-bs-prefill", "1024")
 PREFILL_BUCKET_FLAGS = ("--cuda-graph-max-bs-prefill", "--cuda-graph-bs-prefill")
+# The plugin turns its models' prefill graphs on only where the server's default prunes
+# (`plugin.prefill_graphs_serve_pruning`); a graph-mode test server that must replay them for pruned videos gets
+# a default that prunes (where each of its requests names its own rate) or names the backend (where its q = 0
+# requests carry no pruning fields: the flag is SGLang's own, honoured for any model as upstream honours it).
+PRUNING_DEFAULT_ARGS = ("--json-model-override-args", '{"video_pruning_rate": 0.5}')
+PREFILL_GRAPHS_BY_FLAG = ("--cuda-graph-backend-prefill", "breakable")
 
 
 def graph_mode_args(graph_mode: bool, args: Sequence[str]) -> tuple[str, ...]:
