@@ -163,6 +163,7 @@ def test_video_entries_carry_a_setting_for_a_served_model_only():
 def test_an_encoder_prunes_the_videos_of_a_served_model_only():
     def encode(architecture: str):
         encoder = SimpleNamespace(
+            server_args=SimpleNamespace(encoder_only=True),
             model_config=SimpleNamespace(hf_config=config(architecture)),
             preprocessor=SimpleNamespace(_flatten_nested_items=lambda items: items),
         )
