@@ -6,6 +6,7 @@ import torch
 from sglang_evs.models.adapter import _split_deepstack, attach
 from sglang_evs.models.graph_inputs import (
     CARRIED_FIELD,
+    SKIP_GRAPH_BUFFERS_ENV,
     STAGE_POSITIONS_KEY,
     GraphInputs,
     ReadsGraphInputs,
@@ -50,6 +51,20 @@ def test_oversized_forward_gets_temporaries_and_leaves_the_buffers():
     assert carried.deepstack.data_ptr() != buffers.deepstack.data_ptr()
     assert torch.equal(carried.positions, torch.arange(18).reshape(3, 6))
     assert torch.equal(buffers.positions[:, :2], torch.full((3, 2), 9))
+
+
+def test_the_test_switch_leaves_the_buffers_unwritten_and_carries_temporaries(monkeypatch):
+    """`SKIP_GRAPH_BUFFERS_ENV` (tests only: the served broken copy of test_qwen3_omni.py) is read when the
+    buffers are made: every forward then carries what a forward past the capacity carries."""
+    monkeypatch.setenv(SKIP_GRAPH_BUFFERS_ENV, "1")
+    buffers = GraphInputs(capacity=8, deepstack_width=2, mrope=True)
+    buffers.positions.zero_()
+    carried = buffers.write(3, torch.arange(9).reshape(3, 3))
+    assert torch.equal(carried.positions, torch.arange(9).reshape(3, 3)) and not buffers.positions.any()
+    assert carried.deepstack.shape == (3, 2) and carried.deepstack.data_ptr() != buffers.deepstack.data_ptr()
+    monkeypatch.delenv(SKIP_GRAPH_BUFFERS_ENV)
+    buffers = GraphInputs(capacity=8, deepstack_width=2, mrope=True)
+    assert buffers.write(3, torch.arange(9).reshape(3, 3)).positions.data_ptr() == buffers.positions.data_ptr()
 
 
 def test_models_without_deepstack_or_mrope_carry_none():

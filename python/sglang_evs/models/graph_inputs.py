@@ -30,6 +30,7 @@ that would hold a deepstack layer is refused at startup (`refuse_deepstack_beyon
 """
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,10 @@ CARRIED_FIELD = "language_model_inputs"
 # The M-RoPE positions a pipeline stage hands the next one, [num_tokens, 3] (token-major: SGLang
 # slices proxy tensors by token), beside the proxy's hidden states and residual.
 STAGE_POSITIONS_KEY = "sglang_evs_mrope_positions"
+# Tests only: `write` never writes the fixed buffers and every forward carries temporaries (what `post_process`
+# without its buffer writes does). Eager forwards read what they carry and serve as before; a replayed graph reads
+# the buffers, never written: the graph-mode suite must tell (test/models/test_qwen3_omni.py).
+SKIP_GRAPH_BUFFERS_ENV = "SGLANG_EVS_TEST_SKIP_GRAPH_BUFFERS"
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,9 @@ class GraphInputs(nn.Module):
         self.register_buffer("positions", positions, persistent=False)
         self.register_buffer("deepstack", deepstack, persistent=False)
         self.dirty_rows = capacity
+        self.skip_writes = os.environ.get(SKIP_GRAPH_BUFFERS_ENV) == "1"
+        if self.skip_writes:
+            logger.warning("sglang-evs: %s=1: the fixed buffers are never written (tests only)", SKIP_GRAPH_BUFFERS_ENV)
 
     def view(self, num_tokens: int) -> CarriedInputs:
         """The first n rows, as read by a forward of n tokens (the capture batch's view)."""
@@ -96,11 +104,13 @@ class GraphInputs(nn.Module):
         """Rows for a forward of n tokens: `positions` [3, n] copied in, deepstack zeroed.
 
         A forward larger than the capacity (never one a graph was captured for) gets
-        temporary tensors and leaves the buffers as they are.
+        temporary tensors and leaves the buffers as they are (so does every forward under
+        `SKIP_GRAPH_BUFFERS_ENV`, tests only).
         """
-        if num_tokens > self.capacity:
-            logger.warning("sglang-evs: %d tokens exceed the graph buffers (%d): temporary tensors",
-                           num_tokens, self.capacity)  # fmt: skip
+        if num_tokens > self.capacity or self.skip_writes:
+            if not self.skip_writes:
+                logger.warning("sglang-evs: %d tokens exceed the graph buffers (%d): temporary tensors",
+                               num_tokens, self.capacity)  # fmt: skip
             return CarriedInputs(
                 None if self.positions is None else positions.clone(),
                 None if self.deepstack is None else self.deepstack.new_zeros(num_tokens, self.deepstack.shape[1]),

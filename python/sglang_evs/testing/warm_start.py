@@ -33,6 +33,7 @@ RUNTIME_ENV = frozenset({
     "PYTEST_CURRENT_TEST",  # pytest's, different in every test
     "SGLANG_PLUGINS", "SGLANG_EVS_TRACE", "SGLANG_EVS_TRACE_POSITIONS", "SGLANG_EVS_TRACE_TRANSFERS", "OMP_NUM_THREADS",
     "SGLANG_CPU_OMP_THREADS_BIND", "SGLANG_EVS_TEST_PERTURB_MASKS", "SGLANG_EVS_ENCODER_PATCH_BUDGET",
+    "SGLANG_EVS_TEST_SKIP_GRAPH_BUFFERS",  # read when the model is built
     "MOONCAKE_PROTOCOL", "MC_MIN_RPC_PORT", "MC_MAX_RPC_PORT",  # read when a PD server's transfer engine starts
     "SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL",  # read when a --language-only server's tokenizer starts
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",  # read when a prefill server's KV manager starts
