@@ -29,10 +29,15 @@ PHASES = {  # runner class -> phase
 }
 
 
+def language_model(model):
+    """The language model of a served model: its `model`, or its thinker's (Qwen3-Omni's wrapper); None."""
+    return getattr(getattr(model, "thinker", model), "model", None)
+
+
 def position_buffers(runner) -> dict[str, torch.Tensor]:
     """The static buffers a replay may read positions from, the most specific first."""
     buffers = {}
-    graph_inputs = getattr(getattr(runner.model_runner.model, "model", None), "graph_inputs", None)
+    graph_inputs = getattr(language_model(runner.model_runner.model), "graph_inputs", None)
     if graph_inputs is not None and graph_inputs.positions is not None:
         buffers["graph_inputs"] = graph_inputs.positions
     registry = getattr(runner, "buffer_registry", None)  # the prefill and decode runners
