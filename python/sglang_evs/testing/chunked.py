@@ -1,11 +1,12 @@
 """Servers of one checkpoint at several chunked-prefill sizes, their radix repeats, and the graph-mode
 trace checks that go with them: chunked prefill and the radix cache must see the positions one prefill sees."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 from sglang_evs import trace
 from sglang_evs.testing.compare import assert_same_greedy
-from sglang_evs.testing.requests import generate
+from sglang_evs.testing.requests import Generation, generate
 from sglang_evs.testing.server import Launch, running_servers
 
 # Graph-mode chunk servers capture prefill graphs up to 64 tokens (SGLang's default stops below the chunk
@@ -48,6 +49,42 @@ def assert_media_prefills_and_decodes_replayed(trace_path: Path) -> list[dict]:
     decodes = [r for r in replays if r["phase"] == "decode"]
     assert decodes and {r["positions_from"] for r in decodes} == {"mrope_positions"}
     return prefills
+
+
+def chunk_graph_args(chunk: int, decode_batches: tuple[int, ...] = (1,)) -> tuple[str, ...]:
+    """A graph-mode server's graphs where prompts are cut into `chunk`-token pieces: prefill buckets of 2, 4, 8, ...
+    up to the first at least `chunk`, so that every piece is padded at most twofold (SGLang prefills a piece
+    that more padding would take eagerly), and decode graphs for the batch sizes `decode_batches` only (SGLang's
+    default 24 sizes took the tiny Qwen3-VL's start 1.0 s on CPU)."""
+    buckets = [2]
+    while buckets[-1] < chunk:
+        buckets.append(buckets[-1] * 2)
+    return ("--cuda-graph-bs-prefill", *map(str, buckets), "--cuda-graph-bs-decode", *map(str, decode_batches))
+
+
+# What one request wrote to a server's trace: its replays, its extend forwards (eager or replayed: the outer
+# forward runs in both), and its rotary positions where they are traced.
+REQUEST_EVENTS = ("graph_replay", "extend_forward", "rope_positions")
+
+
+def traced_request(trace_path: Path, ask: Callable[[], Generation]) -> tuple[Generation, dict[str, list[dict]]]:
+    """`ask()`'s reply and the `REQUEST_EVENTS` the server traced while answering it (send it alone)."""
+    before = {event: len(trace.read(trace_path, event)) for event in REQUEST_EVENTS}
+    reply = ask()
+    return reply, {event: trace.read(trace_path, event)[count:] for event, count in before.items()}
+
+
+def assert_every_forward_replayed(reply: Generation, events: dict[str, list[dict]], prefills: int = 2) -> None:
+    """A media request served alone by a graph-mode server (`traced_request`'s events): each of its extend
+    forwards (at least `prefills`) replayed a prefill graph carrying its media and reading the model's position
+    buffer, each decode step a decode graph reading SGLang's static M-RoPE positions."""
+    replays = events["graph_replay"]
+    prefill = [r for r in replays if r["phase"] == "prefill"]
+    decode = [r for r in replays if r["phase"] == "decode"]
+    assert len(prefill) == len(events["extend_forward"]) >= prefills, (len(prefill), len(events["extend_forward"]))
+    assert all(r["media"] for r in prefill) and {r["positions_from"] for r in prefill} == {"graph_inputs"}, prefill
+    assert len(decode) == len(reply.output_ids) - 1, (len(decode), len(reply.output_ids))
+    assert {r["positions_from"] for r in decode} == {"mrope_positions"}, decode
 
 
 def assert_chunks_equal(results: dict, reference: list, context: str) -> None:
