@@ -123,7 +123,6 @@ SERVED: dict[str, ServedModel] = {
             "qwen3_omni",
             "UpstreamQwen3Omni",
             QWEN_VL,
-            eager_prefill="its graph-mode suite has not been run",
             unproven_encoder_path="never run with pruning: its thinker's config carries no encoder role",
         ),
         ServedModel(

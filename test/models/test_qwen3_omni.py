@@ -6,15 +6,19 @@ video on one time axis (`position_id_per_seconds`), computed on the unpruned lay
 `test_other_families.py` (text, image, video, audio, video + audio, cut by 16-token chunks).
 
 Two plugin servers: one with 128-token chunks (traced, metrics on), and one with 29-token chunks that cut the
-video and the audio, whose default rate is .5 (its positions traced). The oracle is transformers' own
-Qwen3-Omni thinker given the kept rows at their unpruned positions, with the one-position and renumbering
-controls.
+video and the audio, whose default rate is .5 (its positions traced), in graph mode (`sglang_evs.testing.server`,
+as a GPU serves by default: SGLang's breakable prefill graphs, which the plugin turns on for Qwen3-Omni, and its
+decode graphs). Then upstream in graph mode with the second one's flags, and the second one again with its fixed
+buffers never written (`SKIP_GRAPH_BUFFERS_ENV`, tests only), whose pruned replies must part from the eager
+server's. The oracle is transformers' own Qwen3-Omni thinker given the kept rows at their unpruned positions, with
+the one-position and renumbering controls.
 """
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,8 +26,10 @@ import pytest
 import torch
 
 from sglang_evs import trace
+from sglang_evs.models.graph_inputs import SKIP_GRAPH_BUFFERS_ENV
 from sglang_evs.testing import media
-from sglang_evs.testing.compare import assert_same_generation
+from sglang_evs.testing.chunked import assert_every_forward_replayed, chunk_graph_args, traced_request
+from sglang_evs.testing.compare import assert_same_generation, assert_same_greedy
 from sglang_evs.testing.evs_oracle import keep_mask as evs_keep_mask
 from sglang_evs.testing.hf_reference import (
     HFReference,
@@ -51,10 +57,11 @@ from sglang_evs.testing.server import Launch, running_servers
 from sglang_evs.testing.vidcom2_oracle import keep_mask as vidcom2_keep_mask
 from sglang_evs.testing.workload import send_alone, send_together
 
-pytestmark = pytest.mark.slow  # two servers
+pytestmark = pytest.mark.slow  # four servers, two at a time
 
 CHUNK = 128  # above the image's prompt, below a video's
 SMALL_CHUNK = 29  # cuts the video's pads and the audio's
+SMALL_CHUNK_GRAPHS = chunk_graph_args(SMALL_CHUNK)  # the small-chunk servers serve one request at a time
 GROUPS = 8  # a 32-frame 4 fps clip -> SGLang samples 16 frames -> 8 temporal groups (.75 keeps two groups' worth)
 HF_LOGPROB_TOLERANCE = 1e-4
 COUNTS = ("video_tokens_before_pruning", "video_tokens_after_pruning")
@@ -76,6 +83,10 @@ class Served:
     small_chunk_rates: dict[float, Generation] = field(default_factory=dict)  # video + audio at q, per request
     small_chunk_positions: dict[float, list[dict]] = field(default_factory=dict)  # rope_positions at q = 0, .75
     small_chunk_kept: list[int] = field(default_factory=list)  # the .75 request's keep-mask (kept pad indices)
+    small_chunk_events: dict[float, dict[str, list[dict]]] = field(default_factory=dict)  # q = 0, .75: trace events
+    image: Generation | None = None  # the small-chunk server, q = 0, from an empty cache
+    graphs_upstream: dict[str, Generation] = field(default_factory=dict)  # upstream in graph mode, its flags
+    unwritten_buffers: Generation | None = None  # video + audio at .75 with the fixed buffers never written
     trace_path: Path | None = None  # the 128-token server's
     soundtrack: Generation | None = None  # the moving clip with a soundtrack, `use_audio_in_video`, at .75
 
@@ -103,6 +114,11 @@ def ask(base_url: str, prompt: str, kw: dict, q: float | None = None, method: st
     return generate(base_url, prompt, **kw, **rate)[0]
 
 
+def image_case(media_dir: Path) -> tuple[str, dict]:
+    """Compared with upstream in graph mode, with the video + audio prompt of `Served.small_chunk_rates`."""
+    return chat_prompt(IMAGE), media_kwargs(images=[media_dir / "image.png"])
+
+
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("omni_clips")
@@ -116,14 +132,14 @@ def served(tiny_qwen3_omni_dir, media_dir, clips, tmp_path_factory) -> Served:
     trace_path, small_trace = out / "trace.jsonl", out / "small-chunk-trace.jsonl"
     got = Served(trace_path=trace_path)
     tone = media_dir / "tone.m4a"
+    small_chunk_args = ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK),
+                        "--json-model-override-args", '{"video_pruning_rate": 0.5}', *SMALL_CHUNK_GRAPHS]  # fmt: skip
     launches = (
         Launch(tiny_qwen3_omni_dir, out / "plugin.log",
                ["--dtype", "float32", "--chunked-prefill-size", str(CHUNK), "--enable-metrics"],
                {trace.ENV: str(trace_path)}),
-        Launch(tiny_qwen3_omni_dir, out / "small-chunk.log",
-               ["--dtype", "float32", "--chunked-prefill-size", str(SMALL_CHUNK),
-                "--json-model-override-args", '{"video_pruning_rate": 0.5}'],
-               {trace.ENV: str(small_trace), trace.POSITIONS_ENV: "1"}),
+        Launch(tiny_qwen3_omni_dir, out / "small-chunk.log", small_chunk_args,
+               {trace.ENV: str(small_trace), trace.POSITIONS_ENV: "1"}, graph_mode=True),
     )  # fmt: skip
     with running_servers(*launches) as (plugin, small_chunk):
         url = plugin.base_url
@@ -155,10 +171,24 @@ def served(tiny_qwen3_omni_dir, media_dir, clips, tmp_path_factory) -> Served:
         got.small_chunk = [ask(small_chunk.base_url, *case) for _ in range(2)]  # the server's default .5
         for q in (0.0, 0.75):  # each from an empty cache, so that every prompt row is traced
             flush_cache(small_chunk.base_url)
-            traced_before = len(trace.read(small_trace, "rope_positions"))
-            got.small_chunk_rates[q] = ask(small_chunk.base_url, *case, q)
-            got.small_chunk_positions[q] = trace.read(small_trace, "rope_positions")[traced_before:]
+            got.small_chunk_rates[q], events = traced_request(small_trace, partial(ask, small_chunk.base_url, *case, q))
+            got.small_chunk_positions[q], got.small_chunk_events[q] = events["rope_positions"], events
         got.small_chunk_kept = trace.read(small_trace, "keep_mask")[-1]["kept"]
+        flush_cache(small_chunk.base_url)
+        got.image = ask(small_chunk.base_url, *image_case(media_dir), 0.0)
+    # Then (two servers at a time) upstream in graph mode with the small-chunk server's flags, and the small-chunk
+    # server with its fixed buffers never written.
+    launches = (
+        Launch(tiny_qwen3_omni_dir, out / "graphs-upstream.log", small_chunk_args, {"SGLANG_PLUGINS": "none"},
+               graph_mode=True),
+        Launch(tiny_qwen3_omni_dir, out / "unwritten-buffers.log", small_chunk_args, {SKIP_GRAPH_BUFFERS_ENV: "1"},
+               graph_mode=True),
+    )  # fmt: skip
+    with running_servers(*launches) as (graphs_upstream, unwritten_buffers):
+        got.graphs_upstream["image"] = ask(graphs_upstream.base_url, *image_case(media_dir))
+        flush_cache(graphs_upstream.base_url)
+        got.graphs_upstream["video_audio"] = ask(graphs_upstream.base_url, *case)
+        got.unwritten_buffers = ask(unwritten_buffers.base_url, *case, 0.75)
     return got
 
 
@@ -258,6 +288,46 @@ def test_eight_mixed_requests_batched_equal_each_alone(served):
     assert shared_forwards > 0 and cached < prompt_tokens // 4, served.mixed_prefill
     for one, many in zip(served.mixed_alone, served.mixed_together, strict=True):
         assert_same_generation(many, one, 1e-4, "batched vs alone")
+
+
+# --- graph mode, as a GPU serves by default
+
+# The plugin's small-chunk server replays prefill graphs, upstream's prefills Qwen3-Omni eagerly (its allowlist
+# leaves it off); a replayed chunk is padded to its bucket, and a CPU GEMM rounds a row otherwise with the row
+# count: measured 1.2e-6 apart in logprobs. A position or deepstack row off moves them by units.
+GRAPH_TOLERANCE = 1e-4  # `assert_same_greedy`'s
+
+
+def test_graph_mode_at_q0_matches_upstream_in_graph_mode(served):
+    """An image, and a video with audio, at q = 0 in 29-token chunks, each from an empty cache: the same tokens and
+    top-5 tokens as upstream in graph mode with the same flags, logprobs within GRAPH_TOLERANCE."""
+    ours = {"image": served.image, "video_audio": served.small_chunk_rates[0.0]}
+    assert set(ours) == set(served.graphs_upstream)
+    for name, want in served.graphs_upstream.items():
+        assert ours[name].prompt_tokens == want.prompt_tokens, name
+        assert_same_greedy(ours[name], want, f"{name}: graph mode vs upstream in graph mode")  # GRAPH_TOLERANCE
+
+
+def test_every_forward_of_a_pruned_video_replays_a_graph(served):
+    """The video + audio prompt at .75 in 29-token chunks on the graph-mode server: every prefill chunk replayed a
+    prefill graph reading the model's position buffer, every decode step a decode graph (the trace), and the reply
+    is the eager server's (128-token chunks; logprobs within 1e-4). Its positions are the rule's
+    (`test_audio_rows_keep_their_count_and_positions_at_q75`, from the buffer each replay read)."""
+    reply = served.small_chunk_rates[0.75]
+    assert_every_forward_replayed(reply, served.small_chunk_events[0.75], math.ceil(reply.prompt_tokens / SMALL_CHUNK))
+    assert_same_generation(reply, served.with_audio[0.75], HF_LOGPROB_TOLERANCE, "graph mode vs eager")
+    assert reply.meta["video_tokens_after_pruning"] < reply.meta["video_tokens_before_pruning"]
+
+
+def test_a_graph_mode_server_whose_buffers_are_never_written_parts_from_eager(served):
+    """The comparison above has teeth: the same server with `post_process`'s writes of positions and deepstack
+    into the fixed buffers left out (every forward carries temporaries, which an eager forward reads and a replay
+    does not) answers the pruned request otherwise than the eager server, which the server that writes them
+    matches."""
+    eager, broken = served.with_audio[0.75], served.unwritten_buffers
+    assert_same_generation(served.small_chunk_rates[0.75], eager, HF_LOGPROB_TOLERANCE, "buffers written")
+    assert broken.prompt_tokens == eager.prompt_tokens
+    assert broken.output_ids != eager.output_ids or logprob_gap(broken, eager) > 100 * HF_LOGPROB_TOLERANCE
 
 
 # --- the independent oracle: transformers' Qwen3-Omni thinker given the kept rows at their positions
