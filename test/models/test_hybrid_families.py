@@ -8,13 +8,16 @@ the module fixture runs every request first and the tests assert on what came ba
 
 Per architecture: an upstream server (`SGLANG_PLUGINS=none`) and a plugin server, both with a
 chunk size that cuts the video but not the image, and a third server whose default rate is 0.5,
-with a chunk size that cuts inside the video's groups, its positions traced. Then the dense Qwen3.5 with a
-third vision layer and three deepstack levels (upstream, plugin, small chunks) and without them, and
-Qwen4-Exp in graph mode and at `--tp-size 2` beside upstream with the same flags. VidCom2 reaches them
-through the same mechanism as EVS: the plugin servers also answer requests that choose it.
+with a chunk size that cuts inside the video's groups, its positions traced. For Qwen3.5 and Qwen3.5-MoE that
+third server runs in graph mode (`sglang_evs.testing.server`, as a GPU serves by default: SGLang's breakable
+prefill graphs and its decode graphs, no speculation), and upstream in graph mode with its flags follows it.
+Then the dense Qwen3.5 with a third vision layer and three deepstack levels (upstream, plugin, small chunks)
+and without them, and Qwen4-Exp in graph mode and at `--tp-size 2` beside upstream with the same flags. VidCom2
+reaches them through the same mechanism as EVS: the plugin servers also answer requests that choose it.
 """
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -26,6 +29,7 @@ import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import evs_oracle, media, vidcom2_oracle
+from sglang_evs.testing.chunked import assert_every_forward_replayed, chunk_graph_args, traced_request
 from sglang_evs.testing.compare import assert_same_generation
 from sglang_evs.testing.evs_oracle import keep_mask as evs_keep_mask
 from sglang_evs.testing.hf_reference import (
@@ -47,6 +51,7 @@ from sglang_evs.testing.requests import (
     Generation,
     chat_prompt,
     counter_increase,
+    flush_cache,
     generate,
     logprob_gap,
     media_kwargs,
@@ -57,7 +62,7 @@ from sglang_evs.testing.server import Launch, running_servers
 from sglang_evs.testing.vidcom2_oracle import keep_mask as vidcom2_keep_mask
 from sglang_evs.testing.workload import replayed_padded, send_alone, send_together
 
-pytestmark = pytest.mark.slow  # 17 servers, a few at a time
+pytestmark = pytest.mark.slow  # 19 servers, a few at a time
 
 # SGLang keeps the Gated DeltaNet conv state between prefill chunks in bfloat16 unless told
 # otherwise, so where a chunk ends would round the next chunk's input: up to 2.4e-3 in logprobs
@@ -85,6 +90,7 @@ class Checkpoint:
 
     fixture: str
     dtype: str = "float32"
+    graphs: bool = False  # its small-chunk server in graph mode, then upstream in graph mode with the same flags
 
     @property
     def bfloat16(self) -> bool:
@@ -105,8 +111,8 @@ class Checkpoint:
 
 
 ARCHITECTURES = {
-    "Qwen3_5ForConditionalGeneration": Checkpoint("tiny_qwen3_5_dir"),
-    "Qwen3_5MoeForConditionalGeneration": Checkpoint("tiny_qwen3_5_moe_dir"),
+    "Qwen3_5ForConditionalGeneration": Checkpoint("tiny_qwen3_5_dir", graphs=True),
+    "Qwen3_5MoeForConditionalGeneration": Checkpoint("tiny_qwen3_5_moe_dir", graphs=True),
     # bfloat16 only: SGLang builds its n-gram embeddings and hyper-connections in bfloat16 whatever --dtype says
     "Qwen4ExpForConditionalGeneration": Checkpoint("tiny_qwen4_exp_dir", "bfloat16"),
 }
@@ -115,6 +121,9 @@ ORACLE_RATES = (0.5, 0.75)
 GROUPS = 4  # a 16-frame 4 fps clip -> SGLang samples 8 frames -> 4 temporal groups
 CHUNK = 128  # above the image's prompt (80 tokens), below every video's
 SMALL_CHUNK = 29  # cuts inside groups and on framing tokens
+SMALL_CHUNK_GRAPHS = chunk_graph_args(SMALL_CHUNK)  # it serves one request at a time
+GRAPH_ARCHITECTURES = [name for name, checkpoint in ARCHITECTURES.items() if checkpoint.graphs]
+GRAPH_CASES = ("image", "video")  # of `parity_cases`, against upstream in graph mode
 VIDCOM2_RATES = (0.5, 0.75)
 BAD_RATES = (1.5, -0.5, "fast")
 LIMITS_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"  # the budget and the floor: one hybrid checkpoint suffices
@@ -190,6 +199,7 @@ class Served:
     trace_path: Path | None = None
     small_chunk: list[Generation] = field(default_factory=list)  # default .5, SMALL_CHUNK: first, radix repeat
     small_chunk_positions: list[list[dict]] = field(default_factory=list)  # each one's traced rope_positions
+    small_chunk_events: list[dict[str, list[dict]]] = field(default_factory=list)  # each one's trace events
     small_chunk_kept: list[int] = field(default_factory=list)  # their keep-mask (kept pad indices)
     small_chunk_mixed: Generation | None = None
     small_chunk_unpruned: Generation | None = None
@@ -200,6 +210,8 @@ class Served:
     limits_small_chunk_kept: list[int] = field(default_factory=list)  # the small-chunk server's
     bad_limits: list[tuple[int, str]] = field(default_factory=list)
     after_bad_limits: Generation | None = None  # (moving, .75) after them
+    graphs_q0: dict[str, Generation] = field(default_factory=dict)  # graph-mode small-chunk server, q = 0
+    graphs_upstream: dict[str, Generation] = field(default_factory=dict)  # upstream in graph mode, its flags
 
 
 def video(base_url: str, clip: Path, q: float | None = None, **extra) -> Generation:
@@ -218,16 +230,29 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         results["radix_repeat"] = generate(base_url, cases["image_video"][0], **cases["image_video"][1])[0]
         return results
 
+    graphs = ARCHITECTURES[architecture].graphs
     small_chunk_args = ["--dtype", dtype, "--chunked-prefill-size", str(SMALL_CHUNK),
-                        "--json-model-override-args", '{"video_pruning_rate": 0.5}']  # fmt: skip
+                        "--json-model-override-args", '{"video_pruning_rate": 0.5}',
+                        *(SMALL_CHUNK_GRAPHS if graphs else ())]  # fmt: skip
     small_chunk_trace = out / "small-chunk-trace.jsonl"
     positions_traced = {trace.ENV: str(small_chunk_trace), trace.POSITIONS_ENV: "1"}
     launches = (
         Launch(model_dir, out / "upstream.log", args, {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}),
         Launch(model_dir, out / "plugin.log", [*args, "--enable-metrics"],
                {**HYBRID_ENV, "SGLANG_EVS_TRACE": str(served.trace_path)}),
-        Launch(model_dir, out / "small-chunk.log", small_chunk_args, {**HYBRID_ENV, **positions_traced}),
+        Launch(model_dir, out / "small-chunk.log", small_chunk_args, {**HYBRID_ENV, **positions_traced},
+               graph_mode=graphs),
     )  # fmt: skip
+
+    def run_q0(base_url: str, rate: dict) -> dict[str, Generation]:
+        """`GRAPH_CASES`, each from an empty cache (so that both servers cut the same chunks)."""
+        results = {}
+        for name in GRAPH_CASES:
+            prompt, kw = cases[name]
+            flush_cache(base_url)
+            results[name] = generate(base_url, prompt, **kw, **rate)[0]
+        return results
+
     with running_servers(*launches) as (upstream, plugin, small_chunk):
         served.upstream = run_parity(upstream.base_url)
         url = plugin.base_url
@@ -275,9 +300,10 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
         served.metrics_delta = counter_increase(before, after)
 
         for _ in range(2):
-            traced_before = len(trace.read(small_chunk_trace, "rope_positions"))
-            served.small_chunk.append(video(small_chunk.base_url, clips["moving"]))
-            served.small_chunk_positions.append(trace.read(small_chunk_trace, "rope_positions")[traced_before:])
+            reply, events = traced_request(small_chunk_trace, lambda: video(small_chunk.base_url, clips["moving"]))
+            served.small_chunk.append(reply)
+            served.small_chunk_positions.append(events["rope_positions"])
+            served.small_chunk_events.append(events)
         served.small_chunk_kept = trace.read(small_chunk_trace, "keep_mask")[-1]["kept"]
         prompt, kw, _ = mixed_cases(clips, media_dir)[1]
         served.small_chunk_mixed = generate(small_chunk.base_url, prompt, **kw)[0]
@@ -289,6 +315,14 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
                     video(small_chunk.base_url, clips["moving"], mm_processor_kwargs=setting)
                 )
             served.limits_small_chunk_kept = trace.read(small_chunk_trace, "keep_mask")[-1]["kept"]
+        if graphs:
+            served.graphs_q0 = run_q0(small_chunk.base_url, per_request_rate(0.0))
+    if graphs:  # after the fleet: at most three servers at once
+        upstream_env = {**HYBRID_ENV, "SGLANG_PLUGINS": "none"}
+        graph_upstream = Launch(model_dir, out / "small-chunk-upstream.log", small_chunk_args, upstream_env,
+                                graph_mode=True)  # fmt: skip
+        with running_servers(graph_upstream) as (graph_upstream_server,):
+            served.graphs_upstream = run_q0(graph_upstream_server.base_url, {})
     return served
 
 
@@ -637,7 +671,35 @@ def test_an_unserved_threshold_and_a_misspelt_setting_get_400_and_serving_goes_o
     assert served.after_bad_limits.output_ids == served.evs["moving", 0.75].output_ids
 
 
-# --- Qwen4-Exp under graph mode and at --tp-size 2 (Qwen3.5's graph mode: test_speculative_decoding.py)
+# --- graph mode without speculation (Qwen3.5 and Qwen3.5-MoE; speculating: test_speculative_decoding.py)
+
+
+@pytest.mark.parametrize("arch", GRAPH_ARCHITECTURES, scope="module")
+def test_graph_mode_at_q0_is_bit_identical_to_upstream_in_graph_mode(served, arch):
+    """An image and a video in 29-token chunks at q = 0, both servers replaying SGLang's prefill graphs (upstream
+    has them on for Qwen3.5) and decode graphs: tokens, logprobs and top-5 equal exactly."""
+    assert set(served.graphs_q0) == set(GRAPH_CASES)
+    assert served.graphs_q0 == served.graphs_upstream
+    unpruned = served.plugin["video"].meta["video_tokens"]  # the eager server's, q = 0
+    assert served.graphs_q0["video"].meta["video_tokens"] == unpruned > 0
+
+
+@pytest.mark.parametrize("arch", GRAPH_ARCHITECTURES, scope="module")
+def test_every_forward_of_a_pruned_video_replays_a_graph(served, arch):
+    """The video at the graph-mode server's default .5, in 29-token chunks, then again from its radix cache: every
+    prefill chunk replayed a prefill graph reading the model's position buffer, every decode step a decode graph
+    (the trace); the replies are the eager server's (tokens; logprobs within 1e-4, the eager server's chunks are
+    128 tokens). Their positions are the rule's (`test_every_forward_of_a_chunked_pruned_video_is_at_the_rules_...`
+    above, which reads the replays' positions from the buffer they read)."""
+    eager, tolerance = served.evs["moving", 0.5], ARCHITECTURES[arch].tolerance
+    assert served.small_chunk[1].cached_tokens > 0
+    for reply, events in zip(served.small_chunk, served.small_chunk_events, strict=True):
+        chunks = math.ceil((reply.prompt_tokens - reply.cached_tokens) / SMALL_CHUNK)
+        assert_every_forward_replayed(reply, events, chunks)
+        assert_same_generation(reply, eager, tolerance, "graph mode in 29-token chunks vs eager in 128")
+
+
+# --- Qwen4-Exp under graph mode and at --tp-size 2 (Qwen3.5's with speculation: test_speculative_decoding.py)
 
 QWEN4_EXP = "Qwen4ExpForConditionalGeneration"
 LAYOUTS = {  # name -> (server arguments beyond the dtype, graph mode)
