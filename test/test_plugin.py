@@ -129,6 +129,22 @@ def test_a_server_wide_threshold_or_misspelt_setting_is_refused_before_serving(t
     assert plugin.refuse_unsupported_server_args("checked", served) == "checked"
 
 
+def test_a_record_that_keeps_its_prefill_eager_gets_no_prefill_graphs(monkeypatch):
+    """`served.ServedModel.eager_prefill` (no record sets it since Qwen3-Omni's graph-mode suite ran) keeps a served
+    architecture's prefill eager even where its server's default prunes; a q = 0 default keeps upstream's choice."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from sglang_evs import served
+
+    architecture = "Qwen3OmniMoeForConditionalGeneration"
+    pruning = SimpleNamespace(architectures=[architecture], video_pruning_rate=0.5)
+    assert plugin.prefill_graphs_serve_pruning(pruning)
+    assert not plugin.prefill_graphs_serve_pruning(SimpleNamespace(architectures=[architecture]))
+    monkeypatch.setitem(served.SERVED, architecture, replace(served.SERVED[architecture], eager_prefill="a reason"))
+    assert not plugin.prefill_graphs_serve_pruning(pruning)
+
+
 def test_the_architecture_is_read_without_running_remote_code(tmp_path):
     checkpoint = _checkpoint_naming(tmp_path, "SomeRemoteCodeModel")
     assert plugin.checkpoint_architecture(_server_args(checkpoint)) == "SomeRemoteCodeModel"

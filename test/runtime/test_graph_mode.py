@@ -159,7 +159,8 @@ def test_prefill_graphs_resolve_as_upstreams_unless_the_servers_default_prunes(
         "qwen3_vl q=0.5": (tiny_model_dir, prunes),
         "qwen3_vl q=0 by flag": (tiny_model_dir, ["--cuda-graph-backend-prefill", "breakable"]),
         "qwen3_5 q=0 (on SGLang's allowlist)": (tiny_qwen3_5_dir, []),
-        "qwen3_omni q=0.5 (eager_prefill)": (tiny_qwen3_omni_dir, prunes),
+        "qwen3_omni q=0": (tiny_qwen3_omni_dir, []),
+        "qwen3_omni q=0.5": (tiny_qwen3_omni_dir, prunes),
         "gemma3 (not served)": (tiny_gemma3_dir, []),
     }
     argv = [
@@ -172,7 +173,8 @@ def test_prefill_graphs_resolve_as_upstreams_unless_the_servers_default_prunes(
         for plugin, env in (("on", {}), ("off", {"SGLANG_PLUGINS": "none"}))
     }
     ours, upstream = resolved["on"]["backends"], resolved["off"]["backends"]
-    assert ours == {**upstream, "qwen3_vl q=0.5": "breakable"}, (ours, upstream)
+    assert ours == {**upstream, "qwen3_vl q=0.5": "breakable", "qwen3_omni q=0.5": "breakable"}, (ours, upstream)
     assert upstream["qwen3_vl q=0"] == upstream["qwen3_vl q=0.5"] == "disabled"  # upstream keeps Qwen3-VL eager
+    assert upstream["qwen3_omni q=0"] == upstream["qwen3_omni q=0.5"] == "disabled"  # and Qwen3-Omni
     assert upstream["qwen3_vl q=0 by flag"] == upstream["qwen3_5 q=0 (on SGLang's allowlist)"] == "breakable"
     assert resolved["on"]["allowlist"] == resolved["off"]["allowlist"]
