@@ -180,7 +180,7 @@ def refuse_pruning_nothing_reads(server_args) -> None:
     import json
 
     from sglang_evs.methods import DEFAULT_METHOD, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
-    from sglang_evs.models.registry import pruned_by_sglang, prunes_videos
+    from sglang_evs.models.registry import pruned_by_sglang
     from sglang_evs.pruning.settings import NO_PRUNING, pruning_from
     from sglang_evs.served import SERVED
 
@@ -189,7 +189,7 @@ def refuse_pruning_nothing_reads(server_args) -> None:
     if not pruning.prunes:
         return
     architecture = checkpoint_architecture(server_args)
-    if architecture is None or prunes_videos(architecture):
+    if architecture is None or architecture in SERVED:
         return
     if pruned_by_sglang(architecture):
         if pruning.method != DEFAULT_METHOD:

@@ -30,11 +30,6 @@ def _load(module_name: str, class_name: str) -> Any:
     return getattr(importlib.import_module(f"sglang_evs.models.{module_name}"), class_name)
 
 
-def prunes_videos(architecture: str | None) -> bool:
-    """Whether the plugin prunes this architecture's videos: it does for every model it serves."""
-    return architecture in SERVED
-
-
 def pruned_by_sglang(architecture: str) -> bool:
     """Whether SGLang prunes this architecture's videos itself: its model is built on SGLang's own EVS
     (`sglang.srt.multimodal.evs.EVS`, rate from the config's `video_pruning_rate`, as Nemotron-Nano-VL)."""

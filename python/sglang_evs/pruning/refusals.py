@@ -64,7 +64,7 @@ def conflicting_setup(server_args, hf_config=None) -> str | None:
     if mode in ("prefill", "decode") and backend != PD_TRANSFER_BACKEND:
         flag = f"--disaggregation-transfer-backend {backend}"
         return f"prefill/decode disaggregation (--disaggregation-mode {mode}) over {flag}"
-    role = next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
+    role = encoder_role(server_args)
     transport = getattr(server_args, "encoder_transfer_backend", PRUNING_TRANSPORT)
     if role is not None and transport not in (PRUNING_TRANSPORT, "auto"):  # auto: zmq_to_scheduler for ours
         return f"{role} over --encoder-transfer-backend {transport}"
@@ -163,6 +163,11 @@ DISAGGREGATED_ROLES = {
 }
 
 
+def encoder_role(server_args) -> str | None:
+    """The server's role in encoder disaggregation (`DISAGGREGATED_ROLES`), named for an error; None: it has none."""
+    return next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
+
+
 def rate_only_setup(server_args) -> str | None:
     """The disaggregated setup of a server whose servers hand each other a video's pruning as its method and
     rate alone, named for the error; None: one server lays out and prunes. Prefill/decode: the layout
@@ -172,7 +177,7 @@ def rate_only_setup(server_args) -> str | None:
     mode = getattr(server_args, "disaggregation_mode", "null")
     if mode in ("prefill", "decode"):
         return f"prefill/decode disaggregation (--disaggregation-mode {mode})"
-    return next((role for attr, role in DISAGGREGATED_ROLES.items() if getattr(server_args, attr, False)), None)
+    return encoder_role(server_args)
 
 
 def refuse_encoder_default(pruning: Pruning) -> None:
