@@ -2,6 +2,7 @@
 
 import functools
 import json
+import math
 import os
 import random
 import signal
@@ -279,19 +280,20 @@ class Launch:
     port: int | None = None
 
 
+def int_flag(args: Sequence[str], flag: str, default: int = 1) -> int:
+    """The integer `flag` is given in a server's arguments, or `default` where it is not given."""
+    args = list(args)
+    return int(args[args.index(flag) + 1]) if flag in args else default
+
+
 def tokenizer_workers(args: Sequence[str]) -> int:
     """HTTP tokenizer processes a server runs (`--tokenizer-worker-num`), each of which sends a warm-up request."""
-    args = list(args)
-    return int(args[args.index("--tokenizer-worker-num") + 1]) if "--tokenizer-worker-num" in args else 1
+    return int_flag(args, "--tokenizer-worker-num")
 
 
 def rank_count(args: Sequence[str]) -> int:
     """Processes a server runs its model in: the product of its --tp-size, --pp-size and --dp-size."""
-    count = 1
-    for flag in ("--tp-size", "--pp-size", "--dp-size"):
-        if flag in args:
-            count *= int(args[list(args).index(flag) + 1])
-    return count
+    return math.prod(int_flag(args, flag) for flag in ("--tp-size", "--pp-size", "--dp-size"))
 
 
 @contextmanager
