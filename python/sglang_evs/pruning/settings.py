@@ -87,13 +87,15 @@ class Pruning:
 NO_PRUNING = Pruning(DEFAULT_METHOD, 0.0)
 
 
+def is_pruning_key(key: object) -> bool:
+    """Whether a key is this module's to read or refuse: a setting, the retired one, or a key of the settings'
+    namespace (a misspelling)."""
+    return isinstance(key, str) and (key in READ_SETTINGS or (key.startswith(NAMESPACE) and key not in NOT_SETTINGS))
+
+
 def unknown_settings(settings: Mapping[str, object]) -> list[str]:
     """The keys of `settings` in the pruning settings' namespace that are no setting (misspellings)."""
-    return [
-        key
-        for key in settings
-        if isinstance(key, str) and key.startswith(NAMESPACE) and key not in READ_SETTINGS and key not in NOT_SETTINGS
-    ]
+    return [key for key in settings if is_pruning_key(key) and key not in READ_SETTINGS]
 
 
 def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
@@ -143,8 +145,6 @@ def chat_processor_kwargs(chat_template_kwargs: dict | None, mm_processor_kwargs
     `mm_processor_kwargs`."""
     own = {key: value for key, value in (mm_processor_kwargs or {}).items() if value is not None}
     carried = {
-        key: value
-        for key, value in (chat_template_kwargs or {}).items()
-        if (key in READ_SETTINGS or key in unknown_settings({key: value})) and value is not None
+        key: value for key, value in (chat_template_kwargs or {}).items() if is_pruning_key(key) and value is not None
     }
     return {**carried, **own} if carried.keys() - own.keys() else mm_processor_kwargs
