@@ -55,8 +55,13 @@ def record(event: str, **fields) -> None:
 
 
 def read(path: str | os.PathLike, event: str) -> list[dict]:
+    """The `event` entries of the trace at `path`, oldest first; [] while there is none. A line still being
+    written (no newline yet), which a reader polling a live server's trace may meet, is not one yet."""
+    if not os.path.exists(path):
+        return []
     with open(path) as lines:
-        return [entry for entry in map(json.loads, lines) if entry["event"] == event]
+        complete = [line for line in lines if line.endswith("\n")]
+    return [entry for entry in map(json.loads, complete) if entry["event"] == event]
 
 
 def settle(device) -> bool:

@@ -1,6 +1,7 @@
 """A mixed request set (text, image, videos at two EVS rates) sent concurrently: the scale-out tests,
 the router fault run and the router benchmark share it."""
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -154,20 +155,55 @@ def send_alone(base_url: str, cases: Sequence[tuple[str, dict, float]]) -> list[
     return replies
 
 
+FORWARD_HOLD_S = 2.0  # how long each forward waits while a concurrent round's requests arrive
+
+
+def slow_down(base_url: str, seconds: float | None) -> None:
+    """Make every scheduler forward sleep `seconds` first (None: not at all): SGLang's `/slow_down`."""
+    requests.post(f"{base_url}/slow_down", json={"forward_sleep_time": seconds}, timeout=60).raise_for_status()
+
+
+def sent_while_held(
+    base_url: str, send: Callable[[T], Generation], cases: Sequence[T], met: Callable[[], bool]
+) -> list[Generation]:
+    """Every case at once (one thread each) while each forward first sleeps `FORWARD_HOLD_S`, until `met()`.
+
+    SGLang hands requests to its scheduler one by one as their media are processed, and an idle scheduler
+    prefills each as it arrives: with a tiny model the forwards are faster than the media, so concurrent
+    requests would meet in one batch only by chance. Held forwards let the rest queue behind the first."""
+    slow_down(base_url, FORWARD_HOLD_S)
+    try:
+        with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+            futures = [pool.submit(send, case) for case in cases]
+            while not met() and not all(f.done() for f in futures):
+                time.sleep(0.05)
+            slow_down(base_url, None)
+            return [f.result() for f in futures]
+    finally:
+        slow_down(base_url, None)
+
+
 def send_together(
-    base_url: str, cases: Sequence[tuple[str, dict, float]], trace_path: Path, attempts: int = 8
+    base_url: str, cases: Sequence[tuple[str, dict, float]], trace_path: Path, attempts: int = 3
 ) -> tuple[list[Generation], tuple[int, int, int]]:
     """(prompt, media kwargs, pruning rate) cases sent at once, one HTTP request each, from an empty radix
     cache, until the trace shows a prefill forward that held the media of two of them or more (at most
-    `attempts` rounds: SGLang hands requests to its scheduler as their media are processed, and an idle
-    scheduler prefills each as it arrives, so whether two meet in one forward is a matter of timing).
-    The last round's replies in the order of `cases`, and its `prefilled_together`."""
+    `attempts` rounds, see `sent_while_held`). The last round's replies in the order of `cases`, and its
+    `prefilled_together`."""
+
+    def send(case: tuple[str, dict, float]) -> Generation:
+        prompt, kwargs, rate = case
+        return generate(base_url, prompt, **kwargs, **per_request_rate(rate))[0]
+
     for _ in range(attempts):
         flush_cache(base_url)
-        forwards_before = len(trace.read(trace_path, "embed_routine")) if trace_path.exists() else 0
-        with ThreadPoolExecutor(max_workers=len(cases)) as pool:
-            replies = list(pool.map(lambda c: generate(base_url, c[0], **c[1], **per_request_rate(c[2]))[0], cases))
-        batched = prefilled_together(trace_path, forwards_before, replies)
+        before = len(trace.read(trace_path, "embed_routine"))
+
+        def met(before: int = before) -> bool:
+            return any(e["media_requests"] >= 2 for e in trace.read(trace_path, "embed_routine")[before:])
+
+        replies = sent_while_held(base_url, send, cases, met)
+        batched = prefilled_together(trace_path, before, replies)
         if batched[0] > 0:
             break
     return replies, batched
@@ -179,12 +215,12 @@ def replayed_padded(
     trace_path: Path,
     mode: str,
     max_new_tokens: int = 8,
-    attempts: int = 4,
+    attempts: int = 3,
 ) -> tuple[list[Generation], list[dict]]:
     """(prompt, media kwargs, pruning rate) cases sent at once, from an empty radix cache, until a graph-mode
     server's trace shows a `mode` replay holding all of them in one batch (with 3 cases and graph sizes
-    1, 2, 4: three live rows and a padding row). Whether they meet in one batch is a matter of timing, as in
-    `send_together`. The last round's replies in the order of `cases`, and its `graph_replay` events."""
+    1, 2, 4: three live rows and a padding row), as in `send_together`. The last round's replies in the
+    order of `cases`, and its `graph_replay` events."""
 
     def send(case: tuple[str, dict, float]) -> Generation:
         prompt, kwargs, rate = case
@@ -192,13 +228,16 @@ def replayed_padded(
 
     for _ in range(attempts):
         flush_cache(base_url)
-        before = len(trace.read(trace_path, "graph_replay")) if trace_path.exists() else 0
-        with ThreadPoolExecutor(max_workers=len(cases)) as pool:
-            replies = list(pool.map(send, cases))
-        replays = trace.read(trace_path, "graph_replay")[before:]
-        if any(event["mode"] == mode and event["requests"] == len(cases) for event in replays):
+        before = len(trace.read(trace_path, "graph_replay"))
+
+        def met(before: int = before) -> bool:
+            replays = trace.read(trace_path, "graph_replay")[before:]
+            return any(event["mode"] == mode and event["requests"] == len(cases) for event in replays)
+
+        replies = sent_while_held(base_url, send, cases, met)
+        if met():
             break
-    return replies, replays
+    return replies, trace.read(trace_path, "graph_replay")[before:]
 
 
 def prefilled_together(trace_path, forwards_before: int, generations: Sequence[Generation]) -> tuple[int, int, int]:
