@@ -51,7 +51,7 @@ def test_without_the_flags_nothing_changes():
         (["--json-model-override-args", '{"video_pruning_method": "VidCom2"}'], "video_pruning_method must be"),
         (["--video-retention-ratio", "0.25"], "video_retention_ratio is no longer read: write video_pruning_method"),
         (["--json-model-override-args", '{"video_retention_ratio": 0.5}'], "video_retention_ratio is no longer"),
-        (["--video-pruning-threshold", "0.3"], "video_pruning_threshold=0.3 is not served yet"),
+        (["--video-pruning-threshold", "0.3", "--video-pruning-rate", "0.5"], "video_pruning_threshold=0.3: name one"),
         (["--video-pruning-threshold", "3"], r"video_pruning_threshold must be a number in \[0, 2\]"),
         (["--video-token-budget", "-5"], "video_token_budget must be a whole number >= 0"),
         (

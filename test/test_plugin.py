@@ -113,12 +113,15 @@ def test_sglangs_own_evs_setting_is_accepted(tmp_path, architecture):
     budget = _server_args(checkpoint, '{"video_pruning_rate": 0.7, "video_token_budget": 500}')
     with pytest.raises(plugin.UnsupportedServerArgsError, match="reads video_pruning_rate alone, not video_pruning"):
         plugin.refuse_unsupported_server_args(None, budget)
+    threshold = _server_args(checkpoint, '{"video_pruning_threshold": 0.3}')
+    with pytest.raises(plugin.UnsupportedServerArgsError, match="reads video_pruning_rate alone, not video_pruning_th"):
+        plugin.refuse_unsupported_server_args(None, threshold)
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ('{"video_pruning_threshold": 0.2}', "video_pruning_threshold=0.2 is not served yet"),
+        ('{"video_pruning_threshold": 0.2, "video_pruning_rate": 0.5}', "and video_pruning_threshold=0.2: name one"),
         ('{"video_pruning_rate": 0.5, "video_token_budet": 9}', "unknown video pruning setting 'video_token_budet'"),
     ],
 )
@@ -127,6 +130,8 @@ def test_a_server_wide_threshold_or_misspelt_setting_is_refused_before_serving(t
         plugin.refuse_unsupported_server_args(None, _server_args(tiny_model_dir, overrides))
     served = _server_args(tiny_model_dir, '{"video_token_budget": 300, "video_pruning_min_tokens_per_group": 4}')
     assert plugin.refuse_unsupported_server_args("checked", served) == "checked"
+    threshold = _server_args(tiny_model_dir, '{"video_pruning_threshold": 0.2}')
+    assert plugin.refuse_unsupported_server_args("checked", threshold) == "checked"
 
 
 def test_a_record_that_keeps_its_prefill_eager_gets_no_prefill_graphs(monkeypatch):

@@ -44,8 +44,8 @@ def fold_pruning_flags(argv: list[str]) -> list[str]:
     moved into --json-model-override-args.
 
     Raises ValueError naming the setting when a value is invalid, a key of the settings' namespace in
-    --json-model-override-args is none of them, --video-pruning-threshold is given (not served yet), or the
-    retired --video-retention-ratio is (with what to write instead).
+    --json-model-override-args is none of them, a rate and a threshold are both given, or the retired
+    --video-retention-ratio is (with what to write instead).
     """
     parser = argparse.ArgumentParser(add_help=False)
     for setting, kind in FLAG_TYPES.items():
@@ -54,7 +54,7 @@ def fold_pruning_flags(argv: list[str]) -> list[str]:
     known, rest = parser.parse_known_args(argv)
     overrides = json.loads(known.json_model_override_args)
     overrides.update({key: value for key in FLAG_TYPES if (value := getattr(known, key)) is not None})
-    pruning_from(overrides, NO_PRUNING)  # validates every setting, refuses the retired one and the threshold
+    pruning_from(overrides, NO_PRUNING)  # validates every setting and refuses the retired one
     return [*rest, "--json-model-override-args", json.dumps(overrides)] if overrides else rest
 
 

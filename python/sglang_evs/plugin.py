@@ -65,7 +65,7 @@ def register_hooks() -> None:
     from sglang_evs import sglang_compat as sglang
     from sglang_evs import trace
     from sglang_evs.models import registry
-    from sglang_evs.pruning import disaggregated, prefill_decode, sessions
+    from sglang_evs.pruning import admission, disaggregated, prefill_decode, sessions
 
     # No hook on SGLang's embedding routine: this project's models call this project's routine
     # (models/adapter.py), every other model keeps calling upstream's, untouched.
@@ -94,6 +94,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("init_prefill_graph"), keep_mrope_draft_prefill_eager, around)
     register(sglang.hook_target("extend_session_media"), sessions.move_pruned_regions_with_the_turn, around)
     register(sglang.hook_target("queue_request"), sessions.refuse_session_logprobs_over_pruned_videos, before)
+    register(sglang.hook_target("admit_request"), admission.lay_out_at_admission, around)
     register(sglang.hook_target("breakable_prefill_rules"), allow_prefill_graphs_where_the_default_prunes, around)
     if trace.enabled():
         from sglang_evs.graph_trace import trace_graph_replay
@@ -175,7 +176,7 @@ def refuse_pruning_nothing_reads(server_args) -> None:
     architectures it prunes, and by SGLang itself for the models with SGLang's own EVS (which read the
     rate and prune with EVS only: no other method, no token budget or floor). Any other setting that would
     prune is refused by name, since it would be ignored; so is a bad value, a misspelt key of the settings'
-    namespace, and `video_pruning_threshold` (not served yet). A request's own setting is left to the
+    namespace. A request's own setting is left to the
     model's processor, as SGLang leaves every `mm_processor_kwargs`."""
     import json
 
@@ -197,7 +198,7 @@ def refuse_pruning_nothing_reads(server_args) -> None:
                 f"sglang-evs: {architecture} prunes videos with SGLang's own EVS, which does not read "
                 f"{PRUNING_METHOD_SETTING}={pruning.method.name!r}; remove it from --json-model-override-args"
             )
-        if pruning.limits_count:
+        if pruning.limits_count or pruning.follows_content:
             raise UnsupportedServerArgsError(
                 f"sglang-evs: {architecture} prunes videos with SGLang's own EVS, which reads "
                 f"{PRUNING_RATE_SETTING} alone, not {pruning.named()}; remove it from --json-model-override-args"

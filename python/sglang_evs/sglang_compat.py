@@ -160,6 +160,8 @@ HOOK_TARGETS: dict[str, str] = {
     "extend_session_media": "sglang.srt.managers.schedule_batch:Req._extend_session_image_inputs",
     # a request entering the scheduler's waiting queue, its prompt assembled (a session turn's with its history)
     "queue_request": "sglang.srt.managers.scheduler:Scheduler._add_request_to_queue",
+    # a tokenized request reaching the scheduler, before its Req exists (a threshold's layout, admission.py)
+    "admit_request": "sglang.srt.managers.scheduler:Scheduler.handle_generate_request",
     # a model runner capturing its prefill graph (a draft's: `keep_mrope_draft_prefill_eager`)
     "init_prefill_graph": "sglang.srt.model_executor.model_runner:ModelRunner.init_prefill_cuda_graph",
     # server-argument resolution's rules that turn breakable prefill graphs off (the multimodal allowlist among

@@ -1,5 +1,6 @@
 """`--dp-size 2` (SGLang's DP controller, one scheduler per replica) with EVS: 64 concurrent mixed
-requests get a single server's tokens and counts, and the Prometheus totals add up."""
+requests (videos at a rate, and at a threshold each replica's scheduler decides) get a single server's tokens
+and counts, and the Prometheus totals add up."""
 
 import pytest
 
@@ -11,12 +12,13 @@ from sglang_evs.testing.server import running_server
 pytestmark = pytest.mark.slow
 
 REQUESTS = 64
+VIDEO_SETTINGS = (0.75, {"video_pruning_threshold": 0.3})
 SERVER_ARGS = ["--dtype", "float32", "--enable-metrics"]
 
 
 @pytest.fixture(scope="module")
 def request_set(tmp_path_factory):
-    return workload.mixed_requests(workload.write_media(tmp_path_factory.mktemp("dp_media")), REQUESTS)
+    return workload.mixed_requests(workload.write_media(tmp_path_factory.mktemp("dp_media")), REQUESTS, VIDEO_SETTINGS)
 
 
 def send(server, request_set) -> dict:
@@ -51,10 +53,11 @@ def test_every_request_succeeds_with_the_single_servers_tokens(single, replicate
 
 def test_pruning_counts_per_request_and_in_prometheus_add_up(single, replicated, request_set):
     for request, one, two in zip(request_set, single["results"], replicated["results"], strict=True):
-        fields = ("video_pruning_rate", "video_tokens_before_pruning", "video_tokens_after_pruning", "video_tokens")
+        fields = ("video_pruning_rate", "video_pruning_threshold", "video_tokens_before_pruning",
+                  "video_tokens_after_pruning", "video_tokens")  # fmt: skip
         assert {f: two.meta.get(f) for f in fields} == {f: one.meta.get(f) for f in fields}, request.name
     totals = workload.pruning_totals(replicated["results"])
-    assert totals["pruned_videos"] == REQUESTS // 2  # half the set are videos, all at q > 0
+    assert totals["pruned_videos"] == REQUESTS // 2  # half the set are videos, all pruned
     assert replicated["metrics"] == totals == workload.pruning_totals(single["results"])
 
 
@@ -66,3 +69,5 @@ def test_both_replicas_pruned_and_the_plugin_loaded_in_each(replicated):
     assert any("in run_data_parallel_controller_process" in line for line in announced)
     pruning_schedulers = {str(event["pid"]) for event in replicated["keep_masks"]}
     assert pruning_schedulers == schedulers  # each replica computed keep-masks for videos it served
+    deciding = {str(event["pid"]) for event in replicated["keep_masks"] if event.get("at_admission")}
+    assert deciding == schedulers  # and decided thresholds as it admitted their requests

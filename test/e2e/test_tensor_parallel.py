@@ -32,6 +32,7 @@ from sglang_evs.testing.server import PRUNING_DEFAULT_ARGS, Launch, running_serv
 pytestmark = pytest.mark.slow
 
 RATES = (0.0, 0.75)
+THRESHOLDS = {"moving": 0.3, "static": 0.05}  # a moving object, and a clip that keeps group 0 only
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,12 @@ def requests_to_compare(scale_media) -> dict[str, dict]:
                 **media_kwargs(videos=[scale_media[kind]]),
                 **rate,
             }
+    for kind, threshold in THRESHOLDS.items():  # decided as each rank's scheduler admits the request
+        cases[f"{kind} video t={threshold}"] = {
+            "prompt": chat_prompt(VIDEO),
+            **media_kwargs(videos=[scale_media[kind]]),
+            "mm_processor_kwargs": {"video_pruning_threshold": threshold},
+        }
     return cases
 
 
@@ -157,17 +164,20 @@ def test_tp2_greedy_tokens_equal_tp1(served):
 
 def test_both_tp_ranks_prune_with_rank_0s_mask(served):
     """Rank 1 computed the inverse of each mask (test-only perturbation); both ranks kept rank 0's."""
-    by_item, differed = defaultdict(dict), defaultdict(dict)
+    by_item, differed, admitted = defaultdict(dict), defaultdict(dict), set()
     for event in trace.read(served["trace"], "keep_mask"):
         by_item[event["item"]][event["pid"]] = event["kept"]
         differed[event["item"]][event["pid"]] = event["own_differed"]
+        if event.get("at_admission"):
+            admitted.add(event["item"])
     assert by_item, "no keep-mask was traced"
     for item, masks in by_item.items():
         assert len(masks) == 2  # one per TP rank
         first, second = masks.values()
-        assert first == second and len(first) == 150
+        assert first == second and (item in admitted or len(first) == 150)
         assert sorted(differed[item].values()) == [False, True]  # rank 1's own mask lost to rank 0's
-    assert len(by_item) == 3  # the three clips at q = .75
+    assert len(by_item) == 3 + len(THRESHOLDS)  # the three clips at q = .75, the two thresholds at admission
+    assert len(admitted) == len(THRESHOLDS)
 
 
 def test_each_rank_got_its_own_core_and_gloo_reduces(served):

@@ -15,9 +15,11 @@ from sglang_evs.methods import (
     evs,
     limit_count,
     threshold_keep_mask,
+    threshold_limited_mask,
     with_group_floor,
 )
 from sglang_evs.testing.evs_oracle import scores as oracle_scores
+from sglang_evs.testing.evs_oracle import threshold_keep_mask as oracle_threshold_mask
 
 from .test_evs import random_video
 
@@ -51,6 +53,26 @@ def test_on_evs_scores_the_threshold_keeps_a_top_of_evs_ranking() -> None:
         count = limit_count(int(kept.sum()), tpf, t, rng.randint(0, t * tpf), floor)
         limited = with_group_floor(evs.mask_for_count(x, grid, m, max(count, 0)), EVS.ranking(x, grid, m), t, floor)
         assert int(limited.sum()) == count and min(limited.view(t, -1).sum(dim=1).tolist()) >= floor
+
+
+def test_under_a_budget_and_a_floor_the_threshold_mask_is_the_oracles() -> None:
+    """`threshold_limited_mask` against the oracle's plain-Python rule (float32, where no two scores tie near a
+    cut), over thresholds, budgets and floors that bind and that do not."""
+    rng = random.Random(11)
+    bound = 0
+    for _ in range(150):
+        x, grid, m, _ = random_video(rng, [torch.float32])
+        t, tpf = grid[0], grid[1] * grid[2] // m**2
+        threshold = rng.choice([0.0, 0.5, 1.0, 1.5, 2.0, rng.random() * 2])
+        budget = rng.choice([0, 0, rng.randint(1, t * tpf)])
+        floor = rng.choice([0, 0, rng.randint(1, tpf + 1)])
+        got = threshold_limited_mask(x, grid, m, threshold, budget, floor)
+        assert torch.equal(got, oracle_threshold_mask(x, grid, m, threshold, budget, floor)), (threshold, budget, floor)
+        alone = threshold_limited_mask(x, grid, m, threshold)
+        bound += not torch.equal(got, alone)
+        if floor:
+            assert min(got.view(t, -1).sum(dim=1).tolist()) >= min(floor, tpf)
+    assert bound > 30  # the limits bound in many of the cases, not only the threshold decided
 
 
 @pytest.mark.parametrize("bad", [-0.1, 2.01, math.nan, math.inf, "0.3", None, True])

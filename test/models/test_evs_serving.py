@@ -8,17 +8,19 @@ from pathlib import Path
 
 import pytest
 import requests
+import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import media
 from sglang_evs.testing.chunked import assert_chunks_equal, assert_media_prefills_and_decodes_replayed, served_in_chunks
 from sglang_evs.testing.compare import assert_same_greedy
-from sglang_evs.testing.evs_oracle import limited_keep_mask, limited_kept_count
+from sglang_evs.testing.evs_oracle import limited_keep_mask, limited_kept_count, threshold_keep_mask
 from sglang_evs.testing.hf_reference import (
     HF_LOGPROB_TOLERANCE,
     assert_limited_masks_agree_up_to_ties,
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
+    assert_threshold_masks_agree_up_to_ties,
     checked_mask,
     hf_pruned_greedy,
     served_mask,
@@ -218,6 +220,8 @@ def test_mixed_media_requests_equal_each_request_alone(evs_server, evs_trace, cl
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
     ]
     cases = [(prompt, kwargs, 0.75) for prompt, kwargs in cases]
+    cases[2] = (*cases[2][:2], {"video_pruning_threshold": 0.3})  # laid out when the scheduler admits it
+    cases[6] = (*cases[6][:2], {"video_pruning_threshold": 0.05, "video_pruning_min_tokens_per_group": 10})
     alone = send_alone(evs_server.base_url, cases)
     together, (shared_forwards, cached, prompt) = send_together(evs_server.base_url, cases, evs_trace)
     assert shared_forwards > 0, "no prefill forward held the media of two requests"
@@ -284,7 +288,14 @@ BAD_LIMITS = [
     ({"video_token_budget": -1}, "video_token_budget must be a whole number >= 0 (0: off), got -1"),
     ({"video_pruning_min_tokens_per_group": 2.5}, "video_pruning_min_tokens_per_group must be a whole number"),
     ({"video_pruning_threshold": 3}, "video_pruning_threshold must be a number in [0, 2], got 3"),
-    ({"video_pruning_threshold": 0.3}, "video_pruning_threshold=0.3 is not served yet: its kept count is known only"),
+    (
+        {"video_pruning_threshold": 0.3, "video_pruning_rate": 0.5},
+        "video_pruning_rate=0.5 and video_pruning_threshold=0.3: name one",
+    ),
+    (
+        {"video_pruning_threshold": 0.3, "video_pruning_method": "vidcom2"},
+        "video_pruning_threshold=0.3 is EVS's dissimilarity",
+    ),
     ({"video_token_budjet": 100}, "unknown video pruning setting 'video_token_budjet': the settings are"),
     ({"video_pruning_rates": 0.5}, "unknown video pruning setting 'video_pruning_rates'"),
 ]
@@ -307,3 +318,80 @@ def test_bad_limits_and_unknown_keys_get_400_and_serving_goes_on(evs_server, cli
             assert message in response.text, response.text
     again = limited_request(evs_server, clips["static"], 0.5, budget=150)
     assert again.output_ids == good.output_ids and evs_server.alive()
+
+
+# --- a threshold: the count decided by the content, when the scheduler admits the request (pruning/admission.py)
+
+
+def threshold_request(server, clip, threshold: float, budget: int = 0, floor: int = 0, **extra):
+    settings = {"video_token_budget": budget, "video_pruning_min_tokens_per_group": floor}
+    settings = {"video_pruning_threshold": threshold, **{key: value for key, value in settings.items() if value}}
+    return video_request(server, clip, mm_processor_kwargs=settings, **extra)
+
+
+def test_a_static_clip_keeps_its_first_group_where_a_noisy_clip_keeps_nearly_all(evs_server, clips):
+    """At one threshold, per request, on a server whose default is a rate: counted in the meta info and in
+    Prometheus as the scheduler decided them."""
+    before = pruning_metrics(evs_server.base_url)
+    static = threshold_request(evs_server, clips["static"], 0.05)
+    noise = threshold_request(evs_server, clips["noise"], 0.05)
+    unpruned = video_request(evs_server, clips["static"], q=0.0)
+    assert static.meta["video_tokens_after_pruning"] == static.meta["video_tokens"] == TOKENS_PER_GROUP
+    assert static.prompt_tokens == unpruned.prompt_tokens - (GROUPS - 1) * TOKENS_PER_GROUP
+    assert noise.meta["video_tokens_after_pruning"] >= 0.9 * GROUPS * TOKENS_PER_GROUP
+    assert static.meta["video_pruning_threshold"] == 0.05 and "video_pruning_rate" not in static.meta
+    delta = counter_increase(before, pruning_metrics(evs_server.base_url))
+    assert delta["video_tokens_before_pruning"] == 2 * GROUPS * TOKENS_PER_GROUP
+    assert delta["video_tokens_after_pruning"] == TOKENS_PER_GROUP + noise.meta["video_tokens_after_pruning"]
+    assert delta["pruned_videos"] == 2
+
+
+THRESHOLDS = {  # name -> (video_pruning_threshold, video_token_budget, video_pruning_min_tokens_per_group)
+    "threshold": (0.3, 0, 0),
+    "threshold+budget": (0.3, 110, 0),  # the budget caps what the threshold keeps (group 0 and ~20 more)
+    "threshold+floor": (0.3, 0, 10),  # the floor moves tokens to the groups the threshold left below 10
+}
+
+
+@pytest.mark.parametrize("name", THRESHOLDS)
+def test_threshold_equals_hf_oracle_in_chunks_and_after_a_radix_hit(evs_server, evs_trace, tiny_model_dir, name):
+    """HF given the server's mask at the reference positions, for the prompt prefilled in 96-token chunks that cut
+    the video and again from the radix cache; the mask is the rule's on HF's features up to ties."""
+    threshold, budget, floor = THRESHOLDS[name]
+    clip = unseen_clip(evs_trace, "moving", f"threshold-{name}")
+    first = threshold_request(evs_server, clip, threshold, budget, floor)
+    seen = {}
+    reference = hf_pruned_greedy(tiny_model_dir, clip, threshold, keep_mask=checked_mask(served_mask(evs_trace), seen))
+    kept = int(seen["served"].sum())
+    assert first.meta["video_tokens_after_pruning"] == first.meta["video_tokens"] == kept
+    assert TOKENS_PER_GROUP < kept < GROUPS * TOKENS_PER_GROUP  # the content decided, not all or group 0
+    assert first.prompt_tokens > 96  # cut into chunks
+    assert_matches_hf(first, reference)
+    rows, grid, merge, _ = seen["args"]
+    assert_threshold_masks_agree_up_to_ties(seen["served"], rows, grid, merge, threshold, budget, floor)
+    if budget or floor:  # the limit binds
+        alone = threshold_keep_mask(rows, grid, merge, threshold)
+        assert not torch.equal(alone, threshold_keep_mask(rows, grid, merge, threshold, budget, floor))
+    again = threshold_request(evs_server, clip, threshold, budget, floor)
+    assert again.cached_tokens >= first.prompt_tokens - 1
+    assert_matches_hf(again, reference)
+
+
+def test_the_threshold_is_part_of_the_cache_key(evs_server, tmp_path):
+    clip = media.write_clip(tmp_path / "unseen-t.mp4", "noise", num_frames=16, fps=4, seed=13)  # not cached yet
+    first = threshold_request(evs_server, clip, 1.0)
+    other = threshold_request(evs_server, clip, 1.01)
+    assert other.cached_tokens < 20  # only the text before the video
+    assert threshold_request(evs_server, clip, 1.0).cached_tokens >= first.prompt_tokens - 1
+
+
+def test_input_logprobs_with_a_threshold_get_400(evs_server, clips):
+    body = {"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], "return_logprob": True,
+            "logprob_start_len": 0, "mm_processor_kwargs": {"video_pruning_threshold": 0.3},
+            "sampling_params": {"max_new_tokens": 2}}  # fmt: skip
+    response = requests.post(f"{evs_server.base_url}/generate", json=body, timeout=120)
+    assert response.status_code == 400 and "input logprobs (logprob_start_len=0) with video_pruning_threshold" in (
+        response.text
+    )
+    output_only = threshold_request(evs_server, clips["moving"], 0.3, return_logprob=True)
+    assert output_only.output_ids and evs_server.alive()

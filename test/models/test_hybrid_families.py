@@ -38,6 +38,7 @@ from sglang_evs.testing.hf_reference import (
     assert_limited_masks_agree_up_to_ties,
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
+    assert_threshold_masks_agree_up_to_ties,
     checked_mask,
     expected_positions,
     hf_greedy_on_kept,
@@ -128,7 +129,7 @@ VIDCOM2_RATES = (0.5, 0.75)
 BAD_RATES = (1.5, -0.5, "fast")
 LIMITS_ARCHITECTURE = "Qwen3_5ForConditionalGeneration"  # the budget and the floor: one hybrid checkpoint suffices
 BAD_LIMITS = (
-    ({"video_pruning_threshold": 0.3}, "video_pruning_threshold=0.3 is not served yet"),
+    ({"video_pruning_threshold": 0.3, "video_pruning_rate": 0.5}, "and video_pruning_threshold=0.3: name one"),
     ({"video_pruning_min_tokens": 4}, "unknown video pruning setting 'video_pruning_min_tokens'"),
 )
 
@@ -141,10 +142,12 @@ def limit_settings(tokens: int) -> dict[str, dict]:
                 "video_pruning_min_tokens_per_group": per_group * 3 // 10},
         "vidcom2": {"video_pruning_method": "vidcom2", "video_pruning_rate": 0.5,
                     "video_token_budget": tokens * 3 // 10, "video_pruning_min_tokens_per_group": per_group // 4},
+        # the tiny checkpoint's moving clip keeps ~a third at .01; the floor then binds in a later group
+        "threshold": {"video_pruning_threshold": 0.01, "video_pruning_min_tokens_per_group": per_group * 15 // 100},
     }  # fmt: skip
 
 
-LIMIT_CLIPS = {"evs": "moving", "vidcom2": "noise"}
+LIMIT_CLIPS = {"evs": "moving", "vidcom2": "noise", "threshold": "moving"}
 COUNTS = ("video_tokens_before_pruning", "video_tokens_after_pruning")
 
 
@@ -208,6 +211,8 @@ class Served:
     limits_small_chunk: list[Generation] = field(default_factory=list)  # LIMITS["evs"] at SMALL_CHUNK, then again
     limits_kept: dict[str, list[int]] = field(default_factory=dict)  # their keep-masks (kept pad indices)
     limits_small_chunk_kept: list[int] = field(default_factory=list)  # the small-chunk server's
+    threshold_small_chunk: list[Generation] = field(default_factory=list)  # LIMITS["threshold"] likewise
+    threshold_small_chunk_kept: list[int] = field(default_factory=list)
     bad_limits: list[tuple[int, str]] = field(default_factory=list)
     after_bad_limits: Generation | None = None  # (moving, .75) after them
     graphs_q0: dict[str, Generation] = field(default_factory=dict)  # graph-mode small-chunk server, q = 0
@@ -315,6 +320,12 @@ def serve_architecture(architecture: str, model_dir: Path, media_dir: Path, clip
                     video(small_chunk.base_url, clips["moving"], mm_processor_kwargs=setting)
                 )
             served.limits_small_chunk_kept = trace.read(small_chunk_trace, "keep_mask")[-1]["kept"]
+            threshold = served.limits["threshold"][0]
+            for _ in range(2):
+                served.threshold_small_chunk.append(
+                    video(small_chunk.base_url, clips["moving"], mm_processor_kwargs=threshold)
+                )
+            served.threshold_small_chunk_kept = trace.read(small_chunk_trace, "keep_mask")[-1]["kept"]
         if graphs:
             served.graphs_q0 = run_q0(small_chunk.base_url, per_request_rate(0.0))
     if graphs:  # after the fleet: at most three servers at once
@@ -665,7 +676,36 @@ def test_budget_and_floor_in_small_chunks_and_after_a_radix_hit(served, arch):
 
 
 @pytest.mark.parametrize("arch", [LIMITS_ARCHITECTURE], scope="module")
-def test_an_unserved_threshold_and_a_misspelt_setting_get_400_and_serving_goes_on(served, arch):
+def test_a_threshold_equals_hf_oracle_in_small_chunks_and_after_a_radix_hit(served, arch, model_dir, clips):
+    """A threshold and a floor that binds: laid out when the scheduler admitted the request, HF given the server's
+    mask at the reference positions agrees, the mask is the oracle's on HF's features up to ties; the small-chunk
+    server (29-token chunks, in graph mode) decides the same mask and serves the same tokens, then again from its
+    radix cache."""
+    setting, got = served.limits["threshold"]
+    threshold, floor = setting["video_pruning_threshold"], setting["video_pruning_min_tokens_per_group"]
+    seen, checkpoint = {}, ARCHITECTURES[arch]
+    mask = checked_mask(served.masks["limits", "threshold", 0.5], seen)
+    reference = hf_greedy(arch, model_dir, chat_prompt(VIDEO), clip=clips["moving"], q=threshold, keep_mask=mask,
+                          follow=got)  # fmt: skip
+    assert_matches_hf(got, reference, checkpoint.tolerance)
+    rows, grid, merge, _ = seen["args"]
+    kept, tokens = int(seen["served"].sum()), got.meta["video_tokens_before_pruning"]
+    assert got.meta["video_tokens_after_pruning"] == got.meta["video_tokens"] == kept
+    assert tokens // GROUPS < kept < tokens  # the content decided: more than group 0, less than all
+    assert got.meta["video_pruning_threshold"] == threshold
+    assert_threshold_masks_agree_up_to_ties(seen["served"], rows, grid, merge, threshold, 0, floor, checkpoint.mask_tie)
+    alone = evs_oracle.threshold_keep_mask(rows, grid, merge, threshold)
+    assert min(alone.view(GROUPS, -1).sum(dim=1).tolist()) < floor  # the floor binds
+    first, again = served.threshold_small_chunk
+    assert again.cached_tokens >= first.prompt_tokens - 1
+    assert served.threshold_small_chunk_kept == served.limits_kept["threshold"]
+    for reply, context in ((first, f"chunk {SMALL_CHUNK}"), (again, f"chunk {SMALL_CHUNK}, radix hit")):
+        assert reply.prompt_tokens == reference.prompt_tokens
+        assert_same_generation(reply, reference, HF_LOGPROB_TOLERANCE, f"threshold, {context}")
+
+
+@pytest.mark.parametrize("arch", [LIMITS_ARCHITECTURE], scope="module")
+def test_a_threshold_beside_a_rate_and_a_misspelt_setting_get_400_and_serving_goes_on(served, arch):
     for (status, text), (_, message) in zip(served.bad_limits, BAD_LIMITS, strict=True):
         assert status == 400 and message in text, text
     assert served.after_bad_limits.output_ids == served.evs["moving", 0.75].output_ids

@@ -12,6 +12,7 @@ from sglang_evs.pruning.fields import METHOD, RATE, TOKEN_BUDGET
 from sglang_evs.pruning.refusals import (
     UNPROVEN_FLAGS,
     conflicting_setup,
+    content_unreached_setup,
     rate_only_setup,
     refuse_prompt_logprobs_over_pruned_videos,
     refuse_unsupported,
@@ -279,3 +280,28 @@ def test_input_logprobs_refused_over_a_video_pruned_by_a_budget_name_the_budget(
     with pytest.raises(ValueError, match=r"video_pruning_rate=0.0, video_token_budget=40 \(evs\)") as refused:
         refuse_prompt_logprobs_over_pruned_videos(logprobs_from(0), laid_out(video))
     assert str(refused.value).endswith("or set video_pruning_rate and video_token_budget to 0")
+
+
+@pytest.mark.parametrize(
+    ("server_args", "setup"),
+    [
+        ({"pp_size": 2}, "pipeline parallelism (--pp-size 2)"),
+        ({"speculative_algorithm": "NEXTN"}, "speculative decoding (--speculative-algorithm NEXTN)"),
+        ({"enable_dp_attention": True}, "data-parallel attention (--enable-dp-attention)"),
+        ({"disaggregation_mode": "decode"}, "prefill/decode disaggregation (--disaggregation-mode decode)"),
+        ({"language_only": True}, "encoder disaggregation (--language-only)"),
+        ({"tp_size": 2, "dp_size": 2, "pp_size": 1}, None),  # one server's scheduler decides, at every rank
+        ({}, None),
+    ],
+)
+def test_a_threshold_is_refused_by_name_where_no_scheduler_decides_its_layout(server_args, setup):
+    assert content_unreached_setup(SimpleNamespace(**server_args)) == setup
+    threshold = request_pruning(request(video_pruning_threshold=0.3, video_token_budget=100), NO_PRUNING)
+    rate = request_pruning(request(video_pruning_rate=0.5), NO_PRUNING)
+    refuse_unsupported(rate, None, None, setup)  # the rate serves everywhere the threshold is refused
+    if setup is None:
+        refuse_unsupported(threshold, None, None, setup)
+        return
+    message = f"video_pruning_threshold=0.3, video_token_budget=100: video_pruning_threshold is not served with {setup}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        refuse_unsupported(threshold, None, None, setup)

@@ -136,12 +136,32 @@ def test_a_bad_limit_is_refused_naming_the_setting(settings, message):
 
 
 @pytest.mark.parametrize("threshold", [0, 0.3, 2])
-def test_a_valid_threshold_is_refused_as_not_served_yet_by_server_and_request(threshold):
-    message = rf"video_pruning_threshold={float(threshold)} is not served yet: its kept count is known only after"
+def test_a_threshold_decides_in_place_of_the_rate_by_server_and_request(threshold):
+    t = float(threshold)
+    server = server_pruning(config(video_pruning_threshold=threshold, video_token_budget=300))
+    assert server == Pruning(EVS, 0.0, token_budget=300, threshold=t) and server.follows_content and server.prunes
+    assert "video_pruning_threshold=" in server.named() and "video_pruning_rate" not in server.named()
+    # a request's rate sets the server's threshold aside, a request's threshold the server's rate
+    assert request_pruning(request(video_pruning_rate=0.5), server) == Pruning(EVS, 0.5, token_budget=300)
+    rate_server = server_pruning(config(video_pruning_rate=0.5))
+    asked = request_pruning(request(video_pruning_threshold=threshold), rate_server)
+    assert asked == Pruning(EVS, 0.0, threshold=t)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"video_pruning_threshold": 0.3, "video_pruning_rate": 0.5},
+         "video_pruning_rate=0.5 and video_pruning_threshold=0.3: name one"),
+        ({"video_pruning_threshold": 0.3, "video_pruning_method": "vidcom2"},
+         r"video_pruning_threshold=0.3 is EVS's dissimilarity and takes video_pruning_method='evs', not 'vidcom2'"),
+    ],
+)  # fmt: skip
+def test_a_threshold_beside_a_rate_or_with_vidcom2_is_refused(settings, message):
     with pytest.raises(ValueError, match=message):
-        request_pruning(request(video_pruning_threshold=threshold, video_pruning_rate=0.5), NO_PRUNING)
+        request_pruning(request(**settings), NO_PRUNING)
     with pytest.raises(ValueError, match=message):
-        server_pruning(config(video_pruning_threshold=threshold))
+        server_pruning(config(**settings))
 
 
 @pytest.mark.parametrize("key", ["video_token_budgett", "video_pruning_treshold", "video_pruning_min_tokens"])

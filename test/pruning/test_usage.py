@@ -59,3 +59,18 @@ def test_every_output_carries_the_counts_even_when_consumers_read_mid_batch():
     assert seen["a"]["video_tokens_after_pruning"] == seen["c"]["video_tokens_after_pruning"] == 200
     assert seen["b"] == {"id": "b"}  # not pruned: untouched
     assert "a" not in usage._by_request and "c" in usage._by_request  # kept until the request finishes
+
+
+def test_a_thresholds_kept_count_is_read_off_the_served_prompt_once():
+    """The scheduler decides a threshold's count: the first output's prompt length (the unpruned prompt's less
+    the pads deleted) gives it, every later output carries the same, and the counters count it once."""
+    usage.record_threshold_usage("t", Pruning(EVS, 0.0, min_tokens_per_group=4, threshold=0.3), [400, 200], 700)
+    first = {"prompt_tokens": 460}
+    usage._settle_threshold_count(usage._by_request["t"], first)
+    fields = usage._by_request["t"]
+    assert fields == {"video_pruning_method": "evs", "video_pruning_threshold": 0.3,
+                      "video_pruning_min_tokens_per_group": 4, "video_tokens_before_pruning": 600,
+                      "video_tokens_after_pruning": 360}  # fmt: skip
+    usage._settle_threshold_count(fields, {"prompt_tokens": 999})  # settled: a later output changes nothing
+    assert fields["video_tokens_after_pruning"] == 360
+    usage._by_request.pop("t")

@@ -5,7 +5,8 @@
 * :mod:`.vidcom2`   -- which video tokens VidCom2 keeps (same signatures).
 * :mod:`.table`     -- both behind one interface, by the name ``video_pruning_method`` gives them.
 * :mod:`.limits`    -- a token budget and a per-group floor over any method (count before, mask after).
-* :mod:`.threshold` -- the keep-mask of a dissimilarity threshold (its count known only after encoding).
+* :mod:`.threshold` -- the keep-mask of a dissimilarity threshold (its count known only after encoding),
+  under the budget and the floor.
 * :mod:`.canonical` -- the split a pruned video is laid out with before the encoder has chosen.
 
 SGLang's ``evs_core`` is reached through :mod:`sglang_evs.sglang_compat`, loaded from its file.
@@ -25,7 +26,7 @@ from .inputs import (
 )
 from .limits import limit_count, limited_count, limited_mask, with_group_floor
 from .table import DEFAULT_METHOD, EVS, METHODS, VIDCOM2, PruningMethod, method_named
-from .threshold import threshold_keep_mask
+from .threshold import threshold_keep_mask, threshold_limited_mask
 
 __all__ = [
     "DEFAULT_METHOD",
@@ -49,5 +50,6 @@ __all__ = [
     "limited_mask",
     "method_named",
     "threshold_keep_mask",
+    "threshold_limited_mask",
     "with_group_floor",
 ]

@@ -8,17 +8,18 @@ budget caps and the floor raises: ``limits.limit_count(int(mask.sum()), ...)``, 
 count are EVS's best-ranked (the threshold's kept cells are a top of that ranking), each group's floor
 taken first (``limits.with_group_floor``).
 
-Not served yet: the server refuses the setting by name (``pruning/settings.py``); this is the mask
-a server will compute.
+A server decides it when it admits the request, before laying the prompt out (``pruning/admission.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .inputs import check_pruning_threshold
+from .evs import dissimilarity, mask_for_count
+from .inputs import GridTHW, check_pruning_threshold, grid_tokens
+from .limits import limit_count, with_group_floor
 
-__all__ = ["threshold_keep_mask"]
+__all__ = ["threshold_keep_mask", "threshold_limited_mask"]
 
 
 def threshold_keep_mask(dissimilarity: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -40,3 +41,34 @@ def threshold_keep_mask(dissimilarity: torch.Tensor, threshold: float) -> torch.
     keep = ~(dissimilarity <= t)  # NaN compares False: kept
     keep[0] = True
     return keep.reshape(-1)
+
+
+def threshold_limited_mask(
+    video_embeds: torch.Tensor,
+    grid_thw: GridTHW,
+    spatial_merge_size: int,
+    threshold: float,
+    token_budget: int = 0,
+    min_tokens_per_group: int = 0,
+) -> torch.Tensor:
+    """Keep-mask of one video under a threshold, then the budget and the floor (0: off).
+
+    Args:
+        video_embeds: ``[T * h * w, D]`` merged vision rows (Qwen3-VL: ``[main | deepstack...]``).
+        grid_thw: ``(T, H, W)`` before merging; ``spatial_merge_size`` m.
+        threshold: ``t`` in ``[0, 2]``.
+
+    Returns:
+        ``[T * h * w]`` bool: :func:`threshold_keep_mask`'s cells where no limit binds; else the
+        ``limits.limit_count`` best of EVS's ranking (the threshold's cells are its top), each group's floor
+        first (``limits.with_group_floor``).
+    """
+    t, h, w = grid_tokens(grid_thw, spatial_merge_size)
+    scores = dissimilarity(video_embeds, grid_thw, spatial_merge_size)
+    mask = threshold_keep_mask(scores, threshold)
+    kept = limit_count(int(mask.sum()), h * w, t, token_budget, min_tokens_per_group)
+    if kept != int(mask.sum()):
+        mask = mask_for_count(video_embeds, grid_thw, spatial_merge_size, kept)
+    if min_tokens_per_group:
+        mask = with_group_floor(mask, scores.reshape(-1), t, min_tokens_per_group)
+    return mask

@@ -1,8 +1,8 @@
 """Video-token pruning as one mechanism that any M-RoPE model joins with a small adapter.
 
 What applies, and what is refused:
-  settings.py         which method (EVS, VidCom2), rate, token budget and per-group floor apply: the server
-                      default or the request's own (the threshold checked, then refused: not served yet)
+  settings.py         which method (EVS, VidCom2), rate or threshold, token budget and per-group floor apply:
+                      the server default or the request's own
   refusals.py         what a server's setup cannot prune with (speculation, disaggregation), why, and the errors;
                       the one request feature refused over a pruned video (input logprobs)
 Tokenizer process:
@@ -10,16 +10,18 @@ Tokenizer process:
                       that prune (or, under encoder disaggregation, `encoder_records.lay_out_pruned`)
   regions.py          each pruned video becomes one region of its pruned length (known before encoding),
                       positions outside it and the decode offset final, the item's hash folded with the
-                      method and rate
+                      method and rate; a threshold's videos are marked and left unpruned
   usage.py            per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
+  admission.py        a threshold's videos encoded as the scheduler receives the request, the prompt laid out
+                      from their masks (`deletion.delete_tokens`) before SGLang builds the request
   videos.py           `PrunedVideos`: batched encoding, keep-mask, region fill, exact positions per forward
   sessions.py         a pruned video in a later session turn: its region positions moved with the turn's;
                       a session turn's input logprobs over its session's pruned video refused
 Both:
   fields.py           what a pruned item carries between the two, and region helpers
   deletion.py         `delete_tokens`: pruned tokens deleted from a processor output (ids, spans, M-RoPE
-                      rows, decode offset), for `regions.py` and `encoder_records.py` alike
+                      rows, decode offset), for `regions.py`, `admission.py` and `encoder_records.py` alike
 Encoder disaggregation (encoder servers prune, the language server lays out):
   encoder_records.py  what an encoder does to each video and records, and the layout from the records
   disaggregated.py    the hooks that carry settings and records between the servers

@@ -1,7 +1,8 @@
 """Deleting pruned tokens from an SGLang processor output: the reference rule, written once.
 
-Both sides that shorten a prompt apply it: the tokenizer side before encoding, with the canonical layout
-(`regions.prune_video_regions`), and a language server under encoder disaggregation, with the kept pads its
+Every side that shortens a prompt applies it: the tokenizer side before encoding, with the canonical layout
+(`regions.prune_video_regions`), the scheduler admitting a threshold's request, with the masks it decided
+(`admission.lay_out_by_threshold`), and a language server under encoder disaggregation, with the kept pads its
 encoders recorded (`encoder_records.lay_out_pruned`). Every token that stays keeps its unpruned M-RoPE
 position, and the decode offset grows by the number deleted (docs/architecture.md).
 """

@@ -16,6 +16,11 @@ MIN_TOKENS_PER_GROUP = "evs_min_tokens_per_group"  # k > 0, set only where a flo
 REGION_IDS = "evs_region_ids"  # [len(R)] int64, unpruned region token ids
 REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region
 VIDEO_TOKENS = "evs_video_tokens"  # (before, after) pruning
+# {"threshold", "token_budget", "min_tokens_per_group"} of a video laid out unpruned for its threshold: the
+# scheduler decides its mask when it admits the request and lays the prompt out from it (`admission.py`).
+# A dict, which SGLang's per-item split of model_specific_data copies whole.
+THRESHOLD = "evs_threshold"
+THRESHOLD_KEPT = "kept"  # the key of THRESHOLD the scheduler adds: the video's keep-mask, [T*h*w] bool
 # {"method", "rate"} of a video an encoder server pruned, on a --language-only server's item (encoder_records):
 # the rows arrive pruned, so the item carries no RATE (which would have the model compute a keep-mask again).
 # A dict, which SGLang's per-item split of model_specific_data copies whole (a list may be split by item).
@@ -30,6 +35,11 @@ class VideoTokenCounts:
 
 def is_pruned(item) -> bool:
     return RATE in item.model_specific_data
+
+
+def awaits_threshold(item) -> bool:
+    """Whether a video item waits for its threshold's mask (laid out unpruned, `THRESHOLD`)."""
+    return THRESHOLD_KEPT not in item.model_specific_data.get(THRESHOLD, {THRESHOLD_KEPT: None})
 
 
 def pruned_with(item) -> tuple[str, float] | None:
@@ -79,12 +89,19 @@ def pruned_limits(item) -> tuple[int, int]:
 
 
 def pruning_aware_hash(
-    item_hash: int, method: str, pruning_rate: float, token_budget: int = 0, min_tokens_per_group: int = 0
+    item_hash: int,
+    method: str,
+    pruning_rate: float,
+    token_budget: int = 0,
+    min_tokens_per_group: int = 0,
+    threshold: float | None = None,
 ) -> int:
-    """The same video pruned by two methods, at two rates, or under two budgets or floors must not share
-    radix-cache entries or cached embeddings. (Without a budget or floor the key is what it always was.)"""
+    """The same video pruned by two methods, at two rates or thresholds, or under two budgets or floors must
+    not share radix-cache entries or cached embeddings. (Without a budget, floor or threshold the key is what
+    it always was.)"""
     key = f"{item_hash}:{method}:{pruning_rate!r}"
     key += f":budget={int(token_budget)}" if token_budget else ""
     key += f":floor={int(min_tokens_per_group)}" if min_tokens_per_group else ""
+    key += f":threshold={float(threshold)!r}" if threshold is not None else ""
     digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "big")

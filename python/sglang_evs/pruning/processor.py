@@ -17,13 +17,15 @@ from sglang_evs import trace
 from sglang_evs.pruning.encoder_records import RECORDS, lay_out_pruned
 from sglang_evs.pruning.refusals import (
     conflicting_setup,
+    content_unreached_setup,
     rate_only_setup,
     refuse_prompt_logprobs_over_pruned_videos,
+    refuse_prompt_logprobs_with_threshold,
     refuse_unsupported,
 )
-from sglang_evs.pruning.regions import prune_video_regions
+from sglang_evs.pruning.regions import mark_threshold_videos, prune_video_regions
 from sglang_evs.pruning.settings import request_pruning, server_pruning
-from sglang_evs.pruning.usage import record_usage
+from sglang_evs.pruning.usage import record_threshold_usage, record_usage
 from sglang_evs.served import VideoFamily
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,8 @@ class PruningProcessor:
         self.pruning = server_pruning(hf_config)
         self.conflict = conflicting_setup(server_args, hf_config)
         self.rate_only = rate_only_setup(server_args)
-        refuse_unsupported(self.pruning, self.conflict, self.rate_only)
+        self.content_unreached = content_unreached_setup(server_args)
+        refuse_unsupported(self.pruning, self.conflict, self.rate_only, self.content_unreached)
         logging.getLogger("sglang_evs").info(
             "sglang-evs: %s processor with video pruning, default video_pruning_method=%s %s",
             hf_config.architectures[0] if getattr(hf_config, "architectures", None) else "VLM",
@@ -90,10 +93,14 @@ class PruningProcessor:
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
         start = time.perf_counter()
         pruning = request_pruning(request_obj, self.pruning)
-        refuse_unsupported(pruning, self.conflict, self.rate_only)
+        refuse_unsupported(pruning, self.conflict, self.rate_only, self.content_unreached)
         output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
-        if pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
-            merge = self.hf_config.vision_config.spatial_merge_size
+        merge = self.hf_config.vision_config.spatial_merge_size
+        if pruning.follows_content and output is not None and any(item.is_video() for item in output.mm_items):
+            refuse_prompt_logprobs_with_threshold(request_obj)
+            tokens = mark_threshold_videos(output, pruning, merge)
+            record_threshold_usage(getattr(request_obj, "rid", None), pruning, tokens, len(output.input_ids))
+        elif pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
             videos = prune_video_regions(output, pruning, merge, self.family.pad_token_id(self.hf_config))
             refuse_prompt_logprobs_over_pruned_videos(request_obj, output)
             record_usage(getattr(request_obj, "rid", None), pruning, videos)

@@ -17,7 +17,12 @@ import json
 from pathlib import Path
 
 from sglang_evs import sglang_compat
-from sglang_evs.methods import MIN_TOKENS_PER_GROUP_SETTING, PRUNING_RATE_SETTING, TOKEN_BUDGET_SETTING
+from sglang_evs.methods import (
+    MIN_TOKENS_PER_GROUP_SETTING,
+    PRUNING_RATE_SETTING,
+    PRUNING_THRESHOLD_SETTING,
+    TOKEN_BUDGET_SETTING,
+)
 from sglang_evs.pruning.fields import is_pruned, pruned_limits, pruned_with, region_span
 from sglang_evs.pruning.settings import Pruning
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of, serves
@@ -180,6 +185,23 @@ def rate_only_setup(server_args) -> str | None:
     return encoder_role(server_args)
 
 
+def content_unreached_setup(server_args) -> str | None:
+    """The setup of a server where a threshold's layout (decided when the scheduler admits a request,
+    `admission.py`) is not reached, named for the error; None: one server, tensor or data parallel, decides it.
+    Pipeline parallelism (only the first stage has the tower), speculative decoding (its drafts have not been
+    run over an admission-time layout), data-parallel attention, and disaggregation (prefill/decode: the decode
+    server lays the prompt out without an encoder; encoder: the encoder announces its row counts before its
+    forward)."""
+    pp_size, algorithm = getattr(server_args, "pp_size", 1), getattr(server_args, "speculative_algorithm", None)
+    if pp_size > 1:
+        return f"pipeline parallelism (--pp-size {pp_size})"
+    if algorithm is not None:
+        return f"speculative decoding (--speculative-algorithm {algorithm})"
+    if getattr(server_args, "enable_dp_attention", False):
+        return "data-parallel attention (--enable-dp-attention)"
+    return rate_only_setup(server_args)
+
+
 def refuse_encoder_default(pruning: Pruning) -> None:
     """An `--encoder-only` server prunes as each request asks, over the language server's default: a default
     of its own would never be read, so it is refused naming the setting."""
@@ -190,13 +212,22 @@ def refuse_encoder_default(pruning: Pruning) -> None:
         )
 
 
-def refuse_unsupported(pruning: Pruning, conflict: str | None, rate_only: str | None = None) -> None:
-    """ValueError naming the setting and `conflict` (a `conflicting_setup` answer) if both are there, or naming
-    a token budget or floor and `rate_only` (a `rate_only_setup` answer) if both are there."""
+def refuse_unsupported(
+    pruning: Pruning, conflict: str | None, rate_only: str | None = None, content_unreached: str | None = None
+) -> None:
+    """ValueError naming the setting and `conflict` (a `conflicting_setup` answer) if both are there, naming
+    a threshold and `content_unreached` (a `content_unreached_setup` answer) if both are there, or naming a token
+    budget or floor and `rate_only` (a `rate_only_setup` answer) if both are there."""
     if pruning.prunes and conflict is not None:
         raise ValueError(
             f"{pruning.named()}: video pruning ({pruning.method.name}) is not supported with "
             f"{conflict} yet; set {PRUNING_RATE_SETTING} to 0 (or unset it) or serve without {conflict}"
+        )
+    if pruning.follows_content and content_unreached is not None:
+        raise ValueError(
+            f"{pruning.named()}: {PRUNING_THRESHOLD_SETTING} is not served with {content_unreached} yet (its count "
+            "is decided when one server's scheduler admits the request, by encoding the video); prune with "
+            f"{PRUNING_RATE_SETTING} there, or serve without {content_unreached}"
         )
     if pruning.limits_count and rate_only is not None:
         raise ValueError(
@@ -239,6 +270,21 @@ def prompt_logprobs_refusal(request, items: list, prompt_tokens: int) -> str | N
         f"{LOGPROB_START_SETTING}={end} on (the first token after the pruned video; it indexes the pruned prompt, "
         f"of {prompt_tokens} tokens) or set {PRUNING_RATE_SETTING}{unset} to 0"
     )
+
+
+def refuse_prompt_logprobs_with_threshold(request_obj) -> None:
+    """ValueError (HTTP 400) for input logprobs asked with a threshold: `logprob_start_len` indexes the served
+    prompt, whose length the threshold decides in the scheduler, after this process has passed the request on."""
+    wants = getattr(request_obj, "return_logprob", False)
+    starts = getattr(request_obj, "logprob_start_len", None)
+    both_lists = isinstance(wants, list) and isinstance(starts, list)
+    pairs = zip(wants, starts, strict=True) if both_lists else [(wants, starts)]
+    start = next((s for w, s in pairs if w and s is not None and not isinstance(s, list) and s >= 0), None)
+    if start is not None:
+        raise ValueError(
+            f"input logprobs ({LOGPROB_START_SETTING}={start}) with {PRUNING_THRESHOLD_SETTING}: the served "
+            "prompt's length is decided by the video's content in the scheduler; ask for output logprobs only"
+        )
 
 
 def refuse_prompt_logprobs_over_pruned_videos(request_obj, output) -> None:

@@ -32,6 +32,7 @@ from sglang_evs.pruning.fields import (
     RATE,
     REGION_IDS,
     REGION_POSITIONS,
+    THRESHOLD,
     TOKEN_BUDGET,
     VIDEO_TOKENS,
     VideoTokenCounts,
@@ -110,3 +111,23 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
         item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, pruning.rate, *limits))
     output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
     return stats
+
+
+def mark_threshold_videos(output, pruning: Pruning, spatial_merge_size: int) -> list[int]:
+    """Mark every video of an SGLang `MultimodalProcessorOutput` as waiting for its threshold's mask, in place:
+    the prompt stays unpruned (its count is the content's, known once the encoder has run), each video one
+    item, its key folded with the threshold and limits. The scheduler lays it out at admission
+    (`admission.py`). Returns each video's token count."""
+    output.mm_items = split_bundled_videos(output.mm_items)
+    limits = {"token_budget": pruning.token_budget, "min_tokens_per_group": pruning.min_tokens_per_group}
+    tokens = []
+    for item in output.mm_items:
+        if not item.is_video():
+            continue
+        t, height, width = video_grid(item)
+        tokens.append(t * (height // spatial_merge_size) * (width // spatial_merge_size))
+        item.set(THRESHOLD, {"threshold": pruning.threshold, **limits})
+        item.set_pad_value()
+        item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, 0.0, **limits, threshold=pruning.threshold))
+    output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
+    return tokens

@@ -4,8 +4,9 @@ vLLM's two settings: `video_pruning_method` ("evs" | "vidcom2", default "evs") a
 `video_pruning_rate` q in [0, 1), the fraction of video tokens pruned, for either method. Beside them,
 two limits on the count (`methods.limits`): `video_token_budget` N (at most N tokens per video, 0: none)
 and `video_pruning_min_tokens_per_group` k (no temporal group keeps fewer than k, 0: none); and
-`video_pruning_threshold` t in [0, 2] (keep what changed by more than t), checked but refused by name:
-its count is known only after the vision encoder runs, and the prompt is laid out before it.
+`video_pruning_threshold` t in [0, 2] (EVS: keep group 0 and what changed by more than t), which decides the
+count in place of the rate, by the content (`methods.threshold`): one setting names a rate or a threshold,
+not both, and a request naming a rate sets aside a server's default threshold (and the other way round).
 The server default comes from the model config (`--json-model-override-args`, or
 `python -m sglang_evs.launch_server --video-pruning-method M --video-pruning-rate Q ...`); a request's
 `mm_processor_kwargs` may name any of them, and what it leaves out is the server's. A chat request may
@@ -47,11 +48,6 @@ SETTINGS = (
 READ_SETTINGS = (*SETTINGS, RETIRED_SETTING)
 NAMESPACE = ("video_pruning_", "video_token_")  # a key starting so and not a setting is a misspelling
 NOT_SETTINGS = frozenset({"video_token_id", "video_token_index"})  # model-config token ids with the prefix
-THRESHOLD_NOT_SERVED = (
-    "is not served yet: its kept count is known only after the vision encoder runs, and the prompt is laid "
-    f"out before it; prune with {PRUNING_RATE_SETTING}, {TOKEN_BUDGET_SETTING} or "
-    f"{MIN_TOKENS_PER_GROUP_SETTING} instead"
-)
 
 
 @dataclass(frozen=True)
@@ -60,11 +56,16 @@ class Pruning:
     rate: float  # q in [0, 1); 0 prunes nothing, whatever the method
     token_budget: int = 0  # N: at most N tokens per video; 0: none (a budget alone prunes)
     min_tokens_per_group: int = 0  # k: no temporal group keeps fewer; 0: none (raises the count, never prunes)
-    threshold: float | None = None  # t in [0, 2]: not served yet (`pruning_from` refuses it)
+    threshold: float | None = None  # t in [0, 2], EVS only: decides the count in place of the rate; None: none
 
     @property
     def prunes(self) -> bool:
         return self.rate > 0.0 or self.token_budget > 0 or self.threshold is not None
+
+    @property
+    def follows_content(self) -> bool:
+        """Whether the count is known only once the vision encoder has run (a threshold)."""
+        return self.threshold is not None
 
     @property
     def limits_count(self) -> bool:
@@ -78,7 +79,9 @@ class Pruning:
 
     def named(self) -> str:
         """The settings that prune, as a request writes them, for errors: e.g. `video_pruning_rate=0.5`."""
-        named = [f"{PRUNING_RATE_SETTING}={self.rate}"] if self.rate or not self.token_budget else []
+        alone = not (self.token_budget or self.follows_content)
+        named = [f"{PRUNING_THRESHOLD_SETTING}={self.threshold}"] if self.follows_content else []
+        named += [f"{PRUNING_RATE_SETTING}={self.rate}"] if self.rate or alone else []
         named += [f"{TOKEN_BUDGET_SETTING}={self.token_budget}"] if self.token_budget else []
         named += [f"{MIN_TOKENS_PER_GROUP_SETTING}={self.min_tokens_per_group}"] if self.min_tokens_per_group else []
         return ", ".join(named)
@@ -100,8 +103,8 @@ def unknown_settings(settings: Mapping[str, object]) -> list[str]:
 
 def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
     """The settings `settings` name, each falling back to `default`'s; ValueError naming the setting when a
-    value is invalid, a key of the namespace is no setting, the retired `video_retention_ratio` is given,
-    or `video_pruning_threshold` is (checked, then refused: not served yet)."""
+    value is invalid, a key of the namespace is no setting, the retired `video_retention_ratio` is given, a
+    rate and a threshold are both given, or a threshold with another method than EVS (it is EVS's score)."""
     if settings.get(RETIRED_SETTING) is not None:
         raise ValueError(
             f"{RETIRED_SETTING} is no longer read: write {PRUNING_METHOD_SETTING}='vidcom2' and "
@@ -116,15 +119,23 @@ def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
     name, rate = settings.get(PRUNING_METHOD_SETTING), settings.get(PRUNING_RATE_SETTING)
     budget, floor = settings.get(TOKEN_BUDGET_SETTING), settings.get(MIN_TOKENS_PER_GROUP_SETTING)
     threshold = settings.get(PRUNING_THRESHOLD_SETTING)
+    if rate is not None and threshold is not None:
+        raise ValueError(
+            f"{PRUNING_RATE_SETTING}={rate} and {PRUNING_THRESHOLD_SETTING}={threshold}: name one; a threshold "
+            "decides the kept count by the content, a rate by a fixed share"
+        )
     pruning = Pruning(
         default.method if name is None else method_named(name),
-        default.rate if rate is None else check_pruning_rate(rate),
+        (0.0 if threshold is not None else default.rate) if rate is None else check_pruning_rate(rate),
         default.token_budget if budget is None else check_token_count(budget, TOKEN_BUDGET_SETTING),
         default.min_tokens_per_group if floor is None else check_token_count(floor, MIN_TOKENS_PER_GROUP_SETTING),
-        default.threshold if threshold is None else check_pruning_threshold(threshold),
+        (None if rate is not None else default.threshold) if threshold is None else check_pruning_threshold(threshold),
     )
-    if pruning.threshold is not None:
-        raise ValueError(f"{PRUNING_THRESHOLD_SETTING}={pruning.threshold} {THRESHOLD_NOT_SERVED}")
+    if pruning.follows_content and pruning.method != DEFAULT_METHOD:
+        raise ValueError(
+            f"{PRUNING_THRESHOLD_SETTING}={pruning.threshold} is EVS's dissimilarity and takes "
+            f"{PRUNING_METHOD_SETTING}='{DEFAULT_METHOD.name}', not {pruning.method.name!r}"
+        )
     return pruning
 
 

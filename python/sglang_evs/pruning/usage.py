@@ -2,7 +2,9 @@
 labelled by method).
 
 The processor runs in the tokenizer-manager process, which also builds each
-response's meta info, so a request's counts are handed over in this process.
+response's meta info, so a request's counts are handed over in this process. A threshold's kept
+count is decided in the scheduler (`admission.py`): it is read off the first output's prompt length,
+the unpruned prompt's less the pads the scheduler deleted.
 """
 
 from collections import OrderedDict
@@ -11,6 +13,7 @@ from sglang_evs.methods import (
     MIN_TOKENS_PER_GROUP_SETTING,
     PRUNING_METHOD_SETTING,
     PRUNING_RATE_SETTING,
+    PRUNING_THRESHOLD_SETTING,
     TOKEN_BUDGET_SETTING,
 )
 from sglang_evs.pruning.settings import Pruning
@@ -24,9 +27,11 @@ def usage_fields(pruning: Pruning, before: int, after: int) -> dict:
     """The meta-info fields of one request: the settings as applied (a budget and a floor where there is
     one), and the token counts."""
     limits = {TOKEN_BUDGET_SETTING: pruning.token_budget, MIN_TOKENS_PER_GROUP_SETTING: pruning.min_tokens_per_group}
+    threshold, rate = {PRUNING_THRESHOLD_SETTING: pruning.threshold}, {PRUNING_RATE_SETTING: pruning.rate}
+    decider = threshold if pruning.follows_content else rate
     return {
         PRUNING_METHOD_SETTING: pruning.method.name,
-        PRUNING_RATE_SETTING: pruning.rate,
+        **decider,
         **{setting: value for setting, value in limits.items() if value},
         "video_tokens_before_pruning": before,
         "video_tokens_after_pruning": after,
@@ -44,6 +49,30 @@ def record_usage(rid, pruning: Pruning, videos) -> None:
             _by_request.popitem(last=False)
 
 
+UNPRUNED_PROMPT = "_unpruned_prompt_tokens"  # a threshold request's pending count: not a meta-info field
+
+
+def record_threshold_usage(rid, pruning: Pruning, tokens: list[int], unpruned_prompt_tokens: int) -> None:
+    """A threshold request's videos of `tokens` each, in a prompt of `unpruned_prompt_tokens` before the
+    scheduler lays it out: counted once its first output tells the served prompt's length."""
+    if rid is None or isinstance(rid, list):  # a batch of prompts shares one processor call: not counted apart
+        return
+    _by_request[rid] = {**usage_fields(pruning, sum(tokens), None), UNPRUNED_PROMPT: unpruned_prompt_tokens}
+    _by_request[rid]["_videos"] = len(tokens)
+    while len(_by_request) > _MAX_PENDING:
+        _by_request.popitem(last=False)
+
+
+def _settle_threshold_count(fields: dict, meta_info: dict) -> None:
+    """`fields` of a threshold request, given its first output's `meta_info`: the kept count, counted."""
+    if UNPRUNED_PROMPT not in fields or "prompt_tokens" not in meta_info:
+        return
+    deleted = fields.pop(UNPRUNED_PROMPT) - int(meta_info["prompt_tokens"])
+    fields["video_tokens_after_pruning"] = fields["video_tokens_before_pruning"] - deleted
+    _count(fields[PRUNING_METHOD_SETTING], fields["video_tokens_before_pruning"],
+           fields["video_tokens_after_pruning"], fields.pop("_videos"))  # fmt: skip
+
+
 class _OutputsWithUsage(list):
     """A request state's `out_list` that adds the request's pruning counts to every output appended."""
 
@@ -53,6 +82,7 @@ class _OutputsWithUsage(list):
 
     def append(self, output) -> None:
         if isinstance(output, dict) and isinstance(output.get("meta_info"), dict):
+            _settle_threshold_count(self.fields, output["meta_info"])
             output["meta_info"].update(self.fields)
         super().append(output)
 

@@ -12,11 +12,17 @@ A model adapter owns one `PrunedVideos` and routes two things through it:
 The tokenizer side (`regions.py`) laid the region out and left its unpruned ids and positions
 on the item (`fields.py`).
 
+A video pruned by a threshold is decided earlier, when the scheduler admits its request
+(`admission.py` calls `decide_threshold`): its mask goes on the item, the prompt is laid out from it,
+and its first forward takes the kept rows encoded then (`features`; encoded again, the item's mask
+applied, if they were set aside).
+
 Under tensor parallelism every rank of a batch computes the masks, and rank 0's are broadcast to the
 others (`agreed_masks`): a score tie broken differently on two ranks (their vision outputs may
 differ in the last bit) would otherwise give them different kept rows and positions.
 """
 
+import copy
 import os
 import time
 from collections import OrderedDict
@@ -26,13 +32,15 @@ import torch
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.methods import METHODS, limited_mask
+from sglang_evs.methods import METHODS, limited_mask, threshold_limited_mask
 from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import (
     METHOD,
     RATE,
     REGION_IDS,
     REGION_POSITIONS,
+    THRESHOLD,
+    THRESHOLD_KEPT,
     encoder_patches,
     is_pruned,
     pruned_limits,
@@ -65,6 +73,7 @@ def encoder_patch_budget(device: torch.device) -> int:
 
 class PrunedVideos:
     MASKS_KEPT = 4096  # keep-masks by item hash (video, method and rate): small bool tensors
+    DECIDED_ROWS_KEPT = 64  # a threshold video's kept rows from admission to its first forward (large)
 
     def __init__(
         self, config, family: VideoFamily, embed_tokens: torch.nn.Embedding, encode: Callable[[list], torch.Tensor]
@@ -76,9 +85,51 @@ class PrunedVideos:
         self.embed_tokens = embed_tokens
         self.encode = encode
         self.masks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.decided_rows: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.rank_group = sglang.same_batch_group()  # None at one rank
 
+    def decide_threshold(self, item) -> torch.Tensor:
+        """Admission of a video waiting for its threshold (`fields.THRESHOLD`): its keep-mask ([T*h*w] bool,
+        on the CPU; rank 0's at every rank), by `methods.threshold_limited_mask` on the tower's rows, whose
+        kept rows are set aside for the video's first forward."""
+        setting = item.model_specific_data[THRESHOLD]
+        rows = self._timed_encode([on_device(item, self.embed_tokens.weight.device)])
+        mask = threshold_limited_mask(
+            rows, video_grid(item), self.spatial_merge_size, setting["threshold"],
+            setting["token_budget"], setting["min_tokens_per_group"],
+        )  # fmt: skip
+        own = mask
+        if os.environ.get(PERTURB_MASKS_ENV) and self.rank_group is not None and self.rank_group.rank_in_group:
+            own = ~mask
+        (mask,) = agreed_masks([own], self.rank_group)
+        if trace.enabled():
+            trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist(),
+                         own_differed=not torch.equal(own, mask), at_admission=True)  # fmt: skip
+        self.decided_rows[item.hash] = rows[mask.to(rows.device)]
+        while len(self.decided_rows) > self.DECIDED_ROWS_KEPT:
+            self.decided_rows.popitem(last=False)
+        return mask.cpu()
+
     def features(self, items: list) -> torch.Tensor | list[torch.Tensor]:
+        decided = {id(item) for item in items if THRESHOLD_KEPT in item.model_specific_data.get(THRESHOLD, {})}
+        if not decided:
+            return self._features(items)
+        rest = [item for item in items if id(item) not in decided]
+        rest_rows = self._features(rest) if rest else []
+        if isinstance(rest_rows, torch.Tensor):
+            rest_rows = list(rest_rows.split([encoder_patches(item) // self.spatial_merge_size**2 for item in rest]))
+        by_item = dict(zip(map(id, rest), rest_rows, strict=True))
+        return [self._decided(item) if id(item) in decided else by_item[id(item)] for item in items]
+
+    def _decided(self, item) -> torch.Tensor:
+        """A decided threshold video's kept rows: those set aside at admission, or encoded again."""
+        rows = self.decided_rows.pop(item.hash, None)
+        if rows is None:
+            rows = self._timed_encode([item])
+            rows = rows[item.model_specific_data[THRESHOLD][THRESHOLD_KEPT].to(rows.device)]
+        return rows
+
+    def _features(self, items: list) -> torch.Tensor | list[torch.Tensor]:
         if not any(is_pruned(item) for item in items):
             return self._timed_encode(items)
         merge = self.spatial_merge_size
@@ -188,6 +239,16 @@ class PrunedVideos:
         self.masks.move_to_end(key)
         while len(self.masks) > self.MASKS_KEPT:
             self.masks.popitem(last=False)
+
+
+def on_device(item, device: torch.device):
+    """The item with its pixels on `device` for the tower (a copy: the item keeps its own)."""
+    feature = item.feature
+    if not isinstance(feature, torch.Tensor) or feature.device == device:
+        return item
+    moved = copy.copy(item)
+    moved.feature = feature.to(device)
+    return moved
 
 
 def agreed_masks(masks: list[torch.Tensor], group) -> list[torch.Tensor]:

@@ -67,11 +67,35 @@ def limited_keep_mask(video_embeds: torch.Tensor, grid_thw: Sequence[int], spati
     the best-scored of the rest up to ``limited_kept_count``."""
     t, hh, ww = (int(v) for v in grid_thw)
     tpf = (hh // spatial_merge_size) * (ww // spatial_merge_size)
-    order = ranked(scores(video_embeds, (t, hh, ww), spatial_merge_size))
+    return _floors_then_best(scores(video_embeds, (t, hh, ww), spatial_merge_size), t,
+                             floor, limited_kept_count(tpf, t, q, budget, floor))  # fmt: skip
+
+
+def threshold_keep_mask(video_embeds: torch.Tensor, grid_thw: Sequence[int], spatial_merge_size: int,
+                        threshold: float, budget: int = 0, floor: int = 0) -> torch.Tensor:  # fmt: skip
+    """``[T * h * w]`` bool of a threshold t: group 0 and every row whose score is not at most t (NaN too); with
+    a budget or a floor (0: off), their count capped then raised as the rate's is, and the rows chosen as
+    `limited_keep_mask` chooses them."""
+    t, hh, ww = (int(v) for v in grid_thw)
+    tpf = (hh // spatial_merge_size) * (ww // spatial_merge_size)
+    s = scores(video_embeds, (t, hh, ww), spatial_merge_size)
+    over = [i for i, score in enumerate(s) if i < tpf or not score <= threshold]
+    count = min(len(over), budget) if budget else len(over)
+    count = max(count, min(floor, tpf) * t) if floor else count
+    if count == len(over) and not floor:
+        mask = torch.zeros(t * tpf, dtype=torch.bool)
+        mask[over] = True
+        return mask
+    return _floors_then_best(s, t, floor, count)
+
+
+def _floors_then_best(row_scores: list[float], groups: int, floor: int, count: int) -> torch.Tensor:
+    tpf = len(row_scores) // groups
+    order = ranked(row_scores)
     k = min(floor, tpf)
-    first = [i for g in range(t) for i in [j for j in order if j // tpf == g][:k]]
+    first = [i for g in range(groups) for i in [j for j in order if j // tpf == g][:k]]
     taken = set(first)
-    rest = [i for i in order if i not in taken][: limited_kept_count(tpf, t, q, budget, floor) - len(first)]
-    mask = torch.zeros(t * tpf, dtype=torch.bool)
+    rest = [i for i in order if i not in taken][: count - len(first)]
+    mask = torch.zeros(groups * tpf, dtype=torch.bool)
     mask[first + rest] = True
     return mask

@@ -366,3 +366,28 @@ def assert_limited_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q, b
     for i in (served ^ oracle).nonzero().flatten().tolist():
         near = [abs(row_scores[i] - cut) < tie for cut in cuts[i // tpf] + rest_cut]
         assert any(near), f"the masks differ beyond ties at row {i} (score {row_scores[i]:.4g})"
+
+
+def assert_threshold_masks_agree_up_to_ties(served, oracle_rows, grid, merge, threshold: float, budget: int = 0,
+                                            floor: int = 0, tie: float = MASK_TIE):  # fmt: skip
+    """Under a threshold (and a budget and a floor, 0: off): the server's mask is the oracle's
+    (`evs_oracle.threshold_keep_mask` on HF's features) but for rows whose scores are within `tie` of a cut: the
+    threshold, the lowest score the oracle keeps past the floors, or their group's floor (its `floor`-th best)."""
+    from sglang_evs.testing.evs_oracle import ranked
+    from sglang_evs.testing.evs_oracle import threshold_keep_mask as oracle_mask
+
+    oracle = oracle_mask(oracle_rows, grid, merge, threshold, budget, floor)
+    row_scores = scores(oracle_rows, grid, merge)
+    groups = int(grid[0])
+    tpf = len(row_scores) // groups
+    k = min(floor, tpf)
+    order = ranked(row_scores)
+    floors = [[i for i in order if i // tpf == g][:k] for g in range(groups)]
+    in_floors = {i for group in floors for i in group}
+    past_floors = [i for i in order if oracle[i] and i not in in_floors and i >= tpf]
+    cuts = [threshold] + ([row_scores[past_floors[-1]]] if past_floors else [])
+    if k:
+        assert min(served.view(groups, tpf).sum(dim=1).tolist()) >= k
+    for i in (served ^ oracle).nonzero().flatten().tolist():
+        near = [abs(row_scores[i] - cut) < tie for cut in cuts + ([row_scores[floors[i // tpf][-1]]] if k else [])]
+        assert any(near), f"the masks differ beyond ties at row {i} (score {row_scores[i]:.4g})"

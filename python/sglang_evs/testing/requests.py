@@ -56,6 +56,11 @@ def per_request_rate(rate: float, method: str = "evs", field: str = "mm_processo
     return {field: pruning_setting(rate, method)}
 
 
+def per_request_pruning(setting: float | dict, field: str = "mm_processor_kwargs") -> dict:
+    """Request-body fields of a rate (a float: EVS at that rate) or of any settings (a dict of them)."""
+    return {field: dict(setting)} if isinstance(setting, dict) else per_request_rate(setting, field=field)
+
+
 @dataclass(frozen=True)
 class Generation:
     output_ids: list[int]

@@ -20,7 +20,7 @@ from sglang_evs.testing.requests import (
     flush_cache,
     generate,
     media_kwargs,
-    per_request_rate,
+    per_request_pruning,
 )
 
 VIDEO_RATES = (0.25, 0.75)
@@ -34,7 +34,7 @@ class MixedRequest:
     text: str  # the user's words
     images: tuple[Path, ...] = ()
     videos: tuple[Path, ...] = ()
-    rate: float | None = None  # the request's own EVS rate; None: the server's default
+    rate: float | dict | None = None  # its own EVS rate or settings (`per_request_pruning`); None: the server's
 
     @property
     def prompt(self) -> str:
@@ -44,7 +44,7 @@ class MixedRequest:
     @property
     def extra(self) -> dict:
         """The /generate fields besides the prompt: media, and the rate in `mm_processor_kwargs`."""
-        rate = {} if self.rate is None else per_request_rate(self.rate)
+        rate = {} if self.rate is None else per_request_pruning(self.rate)
         return {**media_kwargs(images=self.images, videos=self.videos), **rate}
 
     def chat_body(self, max_new_tokens: int) -> dict:
@@ -53,7 +53,7 @@ class MixedRequest:
         parts = [{"type": "image_url", "image_url": {"url": f"file://{p}"}} for p in self.images]
         parts += [{"type": "video_url", "video_url": {"url": f"file://{p}"}} for p in self.videos]
         content = [*parts, {"type": "text", "text": self.text}]
-        rate = {} if self.rate is None else per_request_rate(self.rate, field="chat_template_kwargs")
+        rate = {} if self.rate is None else per_request_pruning(self.rate, field="chat_template_kwargs")
         return {"model": "default", "messages": [{"role": "user", "content": content}],
                 "max_tokens": max_new_tokens, "temperature": 0, **rate}  # fmt: skip
 
@@ -77,16 +77,22 @@ def write_media(out: Path, clips: int = 4, images: int = 2) -> dict[str, list[Pa
     }
 
 
-def kinds(video_rates: Sequence[float | None]) -> tuple[str, ...]:
-    """Request kinds: text, image, and a video kind per rate (None: the server's default rate)."""
-    return ("text", "image", *(f"video q={q}" if q is not None else "video" for q in video_rates))
+def kinds(video_rates: Sequence[float | dict | None]) -> tuple[str, ...]:
+    """Request kinds: text, image, and a video kind per rate or settings (None: the server's default)."""
+
+    def video(q: float | dict | None) -> str:
+        if isinstance(q, dict):
+            return "video " + ", ".join(f"{key}={value}" for key, value in q.items())
+        return f"video q={q}" if q is not None else "video"
+
+    return ("text", "image", *map(video, video_rates))
 
 
 def mixed_requests(
-    files: dict[str, list[Path]], count: int, video_rates: Sequence[float | None] = VIDEO_RATES
+    files: dict[str, list[Path]], count: int, video_rates: Sequence[float | dict | None] = VIDEO_RATES
 ) -> list[MixedRequest]:
     """`count` requests cycling text, image, and a video per rate in `video_rates` (the request's own
-    rate; None: the server's) over the media given."""
+    rate or settings; None: the server's) over the media given."""
     names = kinds(video_rates)
     out = []
     for i in range(count):
@@ -137,7 +143,7 @@ def send_concurrently(
 
 def pruning_totals(generations: Sequence[Generation]) -> dict[str, int]:
     """What the requests' meta info says EVS saw and kept, summed, and how many videos it pruned."""
-    pruned = [g.meta for g in generations if g.meta.get("video_pruning_rate", 0) > 0]
+    pruned = [g.meta for g in generations if "video_tokens_before_pruning" in g.meta]
     return {
         "video_tokens_before_pruning": sum(m["video_tokens_before_pruning"] for m in pruned),
         "video_tokens_after_pruning": sum(m["video_tokens_after_pruning"] for m in pruned),
@@ -145,13 +151,13 @@ def pruning_totals(generations: Sequence[Generation]) -> dict[str, int]:
     }
 
 
-def send_alone(base_url: str, cases: Sequence[tuple[str, dict, float]]) -> list[Generation]:
-    """(prompt, media kwargs, pruning rate) cases one after the other, each from an empty radix cache: the
-    reference a `send_together` round is compared with."""
+def send_alone(base_url: str, cases: Sequence[tuple[str, dict, float | dict]]) -> list[Generation]:
+    """(prompt, media kwargs, pruning rate or settings: `per_request_pruning`) cases one after the other, each
+    from an empty radix cache: the reference a `send_together` round is compared with."""
     replies = []
     for prompt, kwargs, rate in cases:
         flush_cache(base_url)
-        replies.append(generate(base_url, prompt, **kwargs, **per_request_rate(rate))[0])
+        replies.append(generate(base_url, prompt, **kwargs, **per_request_pruning(rate))[0])
     return replies
 
 
@@ -184,16 +190,16 @@ def sent_while_held(
 
 
 def send_together(
-    base_url: str, cases: Sequence[tuple[str, dict, float]], trace_path: Path, attempts: int = 3
+    base_url: str, cases: Sequence[tuple[str, dict, float | dict]], trace_path: Path, attempts: int = 3
 ) -> tuple[list[Generation], tuple[int, int, int]]:
     """(prompt, media kwargs, pruning rate) cases sent at once, one HTTP request each, from an empty radix
     cache, until the trace shows a prefill forward that held the media of two of them or more (at most
     `attempts` rounds, see `sent_while_held`). The last round's replies in the order of `cases`, and its
     `prefilled_together`."""
 
-    def send(case: tuple[str, dict, float]) -> Generation:
+    def send(case: tuple[str, dict, float | dict]) -> Generation:
         prompt, kwargs, rate = case
-        return generate(base_url, prompt, **kwargs, **per_request_rate(rate))[0]
+        return generate(base_url, prompt, **kwargs, **per_request_pruning(rate))[0]
 
     for _ in range(attempts):
         flush_cache(base_url)
@@ -211,7 +217,7 @@ def send_together(
 
 def replayed_padded(
     base_url: str,
-    cases: Sequence[tuple[str, dict, float]],
+    cases: Sequence[tuple[str, dict, float | dict]],
     trace_path: Path,
     mode: str,
     max_new_tokens: int = 8,
@@ -222,9 +228,9 @@ def replayed_padded(
     1, 2, 4: three live rows and a padding row), as in `send_together`. The last round's replies in the
     order of `cases`, and its `graph_replay` events."""
 
-    def send(case: tuple[str, dict, float]) -> Generation:
+    def send(case: tuple[str, dict, float | dict]) -> Generation:
         prompt, kwargs, rate = case
-        return generate(base_url, prompt, max_new_tokens, **kwargs, **per_request_rate(rate))[0]
+        return generate(base_url, prompt, max_new_tokens, **kwargs, **per_request_pruning(rate))[0]
 
     for _ in range(attempts):
         flush_cache(base_url)
