@@ -119,3 +119,14 @@ def test_deepstack_on_a_later_stage_is_refused_at_startup(tiny_qwen3_5_deepstack
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "this pipeline stage starts at decoder layer 2" in output and "deepstack" in output, output[-3000:]
+
+
+def test_a_threshold_default_is_refused_at_startup(tiny_model_dir):
+    """Only the first stage has the vision tower, where the scheduler would decide a threshold's layout
+    (`pruning/admission.py`): a server default names the setting and the layout, before anything is served."""
+    overrides = '{"video_pruning_threshold": 0.3}'
+    result = run_to_exit(tiny_model_dir, ["--pp-size", "2", "--json-model-override-args", overrides])
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    message = "video_pruning_threshold is not served with pipeline parallelism (--pp-size 2) yet"
+    assert message in output, output[-3000:]

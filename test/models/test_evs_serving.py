@@ -246,34 +246,6 @@ def test_images_are_never_pruned(evs_server, media_dir):
 
 # --- a token budget and a per-group floor: the count known when the prompt is laid out, the mask after the encoder
 
-LIMITS = {  # name -> (q, video_token_budget, video_pruning_min_tokens_per_group); 4 groups of 100 tokens
-    "budget": (0.5, 150, 20),  # the budget caps the rate's 200; the floor then moves tokens to the groups short of 20
-    "floor": (0.75, 0, 30),  # the rate's 100 are group 0's; the floor raises the count to 30 from every group
-}
-
-
-@pytest.mark.parametrize("name", LIMITS)
-def test_budget_and_floor_equal_hf_oracle_in_chunks_and_after_a_radix_hit(evs_server, evs_trace, tiny_model_dir, name):
-    """HF given the server's mask at the reference positions, for the prompt prefilled in 96-token chunks that cut
-    the video and again from the radix cache; the mask is the rule's on HF's features up to ties."""
-    q, budget, floor = LIMITS[name]
-    clip = unseen_clip(evs_trace, "moving", f"limits-{name}")
-    first = limited_request(evs_server, clip, q, budget, floor)
-    seen = {}
-    reference = hf_pruned_greedy(tiny_model_dir, clip, q, keep_mask=checked_mask(served_mask(evs_trace), seen))
-    kept = limited_kept_count(TOKENS_PER_GROUP, GROUPS, q, budget, floor)
-    assert first.meta["video_tokens_after_pruning"] == first.meta["video_tokens"] == kept
-    assert first.meta.get("video_token_budget", 0) == budget
-    assert first.meta.get("video_pruning_min_tokens_per_group", 0) == floor
-    assert_matches_hf(first, reference)
-    assert_limited_masks_agree_up_to_ties(seen["served"], *seen["args"], budget=budget, floor=floor)
-    rows, grid, merge, _ = seen["args"]
-    without_floor = limited_keep_mask(rows, grid, merge, q, budget)
-    assert min(without_floor.view(GROUPS, -1).sum(dim=1).tolist()) < floor  # the floor binds
-    again = limited_request(evs_server, clip, q, budget, floor)
-    assert again.cached_tokens >= first.prompt_tokens - 1
-    assert_matches_hf(again, reference)
-
 
 def test_budget_and_floor_are_part_of_the_cache_key(evs_server, tmp_path):
     clip = media.write_clip(tmp_path / "unseen.mp4", "noise", num_frames=16, fps=4, seed=12)  # not cached yet
@@ -323,10 +295,8 @@ def test_bad_limits_and_unknown_keys_get_400_and_serving_goes_on(evs_server, cli
 # --- a threshold: the count decided by the content, when the scheduler admits the request (pruning/admission.py)
 
 
-def threshold_request(server, clip, threshold: float, budget: int = 0, floor: int = 0, **extra):
-    settings = {"video_token_budget": budget, "video_pruning_min_tokens_per_group": floor}
-    settings = {"video_pruning_threshold": threshold, **{key: value for key, value in settings.items() if value}}
-    return video_request(server, clip, mm_processor_kwargs=settings, **extra)
+def threshold_request(server, clip, threshold: float, **extra):
+    return video_request(server, clip, mm_processor_kwargs={"video_pruning_threshold": threshold}, **extra)
 
 
 def test_a_static_clip_keeps_its_first_group_where_a_noisy_clip_keeps_nearly_all(evs_server, clips):
@@ -346,33 +316,52 @@ def test_a_static_clip_keeps_its_first_group_where_a_noisy_clip_keeps_nearly_all
     assert delta["pruned_videos"] == 2
 
 
-THRESHOLDS = {  # name -> (video_pruning_threshold, video_token_budget, video_pruning_min_tokens_per_group)
-    "threshold": (0.3, 0, 0),
-    "threshold+budget": (0.3, 110, 0),  # the budget caps what the threshold keeps (group 0 and ~20 more)
-    "threshold+floor": (0.3, 0, 10),  # the floor moves tokens to the groups the threshold left below 10
+LIMITED = {  # name -> the request's settings; 4 groups of 100 tokens
+    # the budget caps the rate's 200; the floor then moves tokens to the groups short of 20
+    "budget": {"video_pruning_rate": 0.5, "video_token_budget": 150, "video_pruning_min_tokens_per_group": 20},
+    # the rate's 100 are group 0's; the floor raises the count to 30 from every group
+    "floor": {"video_pruning_rate": 0.75, "video_pruning_min_tokens_per_group": 30},
+    # the content decides: group 0 and ~20 tokens of the moving object; then a budget caps it, or a floor moves
+    # tokens to the groups it left below 10
+    "threshold": {"video_pruning_threshold": 0.3},
+    "threshold+budget": {"video_pruning_threshold": 0.3, "video_token_budget": 110},
+    "threshold+floor": {"video_pruning_threshold": 0.3, "video_pruning_min_tokens_per_group": 10},
 }
 
 
-@pytest.mark.parametrize("name", THRESHOLDS)
-def test_threshold_equals_hf_oracle_in_chunks_and_after_a_radix_hit(evs_server, evs_trace, tiny_model_dir, name):
+@pytest.mark.parametrize("name", LIMITED)
+def test_limits_and_thresholds_equal_hf_oracle_in_chunks_and_after_a_radix_hit(evs_server, evs_trace, tiny_model_dir,
+                                                                                name):  # fmt: skip
     """HF given the server's mask at the reference positions, for the prompt prefilled in 96-token chunks that cut
-    the video and again from the radix cache; the mask is the rule's on HF's features up to ties."""
-    threshold, budget, floor = THRESHOLDS[name]
-    clip = unseen_clip(evs_trace, "moving", f"threshold-{name}")
-    first = threshold_request(evs_server, clip, threshold, budget, floor)
+    the video and again from the radix cache; the mask is the rule's on HF's features up to ties, and each limit
+    binds (without it the oracle keeps other tokens)."""
+    setting = LIMITED[name]
+    q, threshold = setting.get("video_pruning_rate", 0.0), setting.get("video_pruning_threshold")
+    budget, floor = setting.get("video_token_budget", 0), setting.get("video_pruning_min_tokens_per_group", 0)
+    clip = unseen_clip(evs_trace, "moving", f"limits-{name}")
+    first = video_request(evs_server, clip, mm_processor_kwargs=setting)
     seen = {}
-    reference = hf_pruned_greedy(tiny_model_dir, clip, threshold, keep_mask=checked_mask(served_mask(evs_trace), seen))
+    reference = hf_pruned_greedy(tiny_model_dir, clip, q, keep_mask=checked_mask(served_mask(evs_trace), seen))
+    rows, grid, merge, _ = seen["args"]
     kept = int(seen["served"].sum())
     assert first.meta["video_tokens_after_pruning"] == first.meta["video_tokens"] == kept
-    assert TOKENS_PER_GROUP < kept < GROUPS * TOKENS_PER_GROUP  # the content decided, not all or group 0
+    assert (first.meta.get("video_token_budget", 0), first.meta.get("video_pruning_min_tokens_per_group", 0)) == (
+        budget, floor)  # fmt: skip
     assert first.prompt_tokens > 96  # cut into chunks
     assert_matches_hf(first, reference)
-    rows, grid, merge, _ = seen["args"]
-    assert_threshold_masks_agree_up_to_ties(seen["served"], rows, grid, merge, threshold, budget, floor)
-    if budget or floor:  # the limit binds
+    if threshold is None:
+        assert kept == limited_kept_count(TOKENS_PER_GROUP, GROUPS, q, budget, floor)
+        assert_limited_masks_agree_up_to_ties(seen["served"], rows, grid, merge, q, budget=budget, floor=floor)
+        without_floor = limited_keep_mask(rows, grid, merge, q, budget)
+        assert min(without_floor.view(GROUPS, -1).sum(dim=1).tolist()) < floor  # the floor binds
+    else:
+        assert first.meta["video_pruning_threshold"] == threshold and "video_pruning_rate" not in first.meta
+        assert TOKENS_PER_GROUP < kept < GROUPS * TOKENS_PER_GROUP  # the content decided, not all or group 0
+        assert_threshold_masks_agree_up_to_ties(seen["served"], rows, grid, merge, threshold, budget, floor)
         alone = threshold_keep_mask(rows, grid, merge, threshold)
-        assert not torch.equal(alone, threshold_keep_mask(rows, grid, merge, threshold, budget, floor))
-    again = threshold_request(evs_server, clip, threshold, budget, floor)
+        limited = threshold_keep_mask(rows, grid, merge, threshold, budget, floor)
+        assert bool(budget or floor) == (not torch.equal(alone, limited))  # a limit changes what is kept
+    again = video_request(evs_server, clip, mm_processor_kwargs=setting)
     assert again.cached_tokens >= first.prompt_tokens - 1
     assert_matches_hf(again, reference)
 

@@ -15,6 +15,7 @@ from sglang_evs.pruning.refusals import (
     content_unreached_setup,
     rate_only_setup,
     refuse_prompt_logprobs_over_pruned_videos,
+    refuse_request_features_with_threshold,
     refuse_unsupported,
 )
 from sglang_evs.pruning.settings import NO_PRUNING, request_pruning, server_pruning
@@ -305,3 +306,15 @@ def test_a_threshold_is_refused_by_name_where_no_scheduler_decides_its_layout(se
     message = f"video_pruning_threshold=0.3, video_token_budget=100: video_pruning_threshold is not served with {setup}"
     with pytest.raises(ValueError, match=re.escape(message)):
         refuse_unsupported(threshold, None, None, setup)
+
+
+def test_a_threshold_request_is_refused_input_logprobs_and_a_session_turn():
+    def asked(**fields):
+        return SimpleNamespace(**{"return_logprob": False, "logprob_start_len": -1, "session_params": None, **fields})
+
+    refuse_request_features_with_threshold(asked())
+    refuse_request_features_with_threshold(asked(return_logprob=True))  # output logprobs only
+    with pytest.raises(ValueError, match=r"input logprobs \(logprob_start_len=0\) with video_pruning_threshold"):
+        refuse_request_features_with_threshold(asked(return_logprob=True, logprob_start_len=0))
+    with pytest.raises(ValueError, match="video_pruning_threshold in a session turn is not served yet"):
+        refuse_request_features_with_threshold(asked(session_params={"id": "s"}))

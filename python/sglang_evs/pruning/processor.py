@@ -20,7 +20,7 @@ from sglang_evs.pruning.refusals import (
     content_unreached_setup,
     rate_only_setup,
     refuse_prompt_logprobs_over_pruned_videos,
-    refuse_prompt_logprobs_with_threshold,
+    refuse_request_features_with_threshold,
     refuse_unsupported,
 )
 from sglang_evs.pruning.regions import mark_threshold_videos, prune_video_regions
@@ -97,7 +97,7 @@ class PruningProcessor:
         output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
         merge = self.hf_config.vision_config.spatial_merge_size
         if pruning.follows_content and output is not None and any(item.is_video() for item in output.mm_items):
-            refuse_prompt_logprobs_with_threshold(request_obj)
+            refuse_request_features_with_threshold(request_obj)
             tokens = mark_threshold_videos(output, pruning, merge)
             record_threshold_usage(getattr(request_obj, "rid", None), pruning, tokens, len(output.input_ids))
         elif pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
