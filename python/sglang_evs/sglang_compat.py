@@ -38,6 +38,8 @@ INTERNALS: dict[str, str] = {
     "slice_model_data": "sglang.srt.managers.mm_utils:_slice_model_data",
     "mm_schedule": "sglang.srt.managers.mm_schedule:",
     "Modality": "sglang.srt.managers.schedule_batch:Modality",
+    # a request's multimodal inputs that failed: the scheduler aborts that request and serves on
+    "MMInputsProcessError": "sglang.srt.managers.io_struct:MMInputsProcessError",
     "ForwardBatch": "sglang.srt.model_executor.forward_batch_info:ForwardBatch",
     "get_disagg": "sglang.srt.runtime_context:get_disagg",
     "get_server_args": "sglang.srt.runtime_context:get_server_args",

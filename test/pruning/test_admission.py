@@ -95,3 +95,20 @@ def test_the_hook_lays_a_waiting_request_out_and_leaves_every_other_request_as_i
         lay_out_at_admission(original, None, request)  # no model is asked: not this plugin's request to lay out
         assert calls[-1] is request and request.input_ids is ids
     assert plain.input_ids == output().input_ids
+
+
+def test_a_layout_that_fails_fails_its_request_as_sglang_fails_bad_media_and_the_scheduler_serves_on():
+    from sglang_evs import sglang_compat as sglang
+
+    def decide(item):
+        raise RuntimeError("the tower failed")
+
+    videos = SimpleNamespace(pad_token_id=VIDEO_PAD, decide_threshold=decide)
+    scheduler = SimpleNamespace(tp_worker=SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(
+        pruned_videos=videos))))  # fmt: skip
+    request = SimpleNamespace(rid="r", input_ids=array("q", output().input_ids), mm_inputs=output())
+    handled = []
+    lay_out_at_admission(lambda scheduler_, recv_req: handled.append(recv_req), scheduler, request)
+    assert handled == [request]  # handed on: SGLang aborts it (HTTP 500) and goes on
+    assert isinstance(request.mm_inputs, sglang.MMInputsProcessError)
+    assert request.mm_inputs.message == "sglang-evs: video_pruning_threshold: the tower failed"

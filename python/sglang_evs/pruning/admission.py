@@ -9,13 +9,17 @@ vision tower on each marked video and takes its mask, and the pruned pads are de
 deleted). The mask stays on the item (`fields.THRESHOLD_KEPT`), so the forward takes exactly those rows.
 """
 
+import logging
 from array import array
 from collections.abc import Callable
 
 import torch
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs.pruning.deletion import delete_tokens
 from sglang_evs.pruning.fields import THRESHOLD, THRESHOLD_KEPT, VIDEO_TOKENS, awaits_threshold
+
+logger = logging.getLogger(__name__)
 
 
 def lay_out_by_threshold(output, decide: Callable[[object], torch.Tensor], video_token_id: int) -> None:
@@ -42,14 +46,21 @@ def lay_out_by_threshold(output, decide: Callable[[object], torch.Tensor], video
 
 def lay_out_at_admission(original, scheduler, recv_req, *args, **kwargs):
     """AROUND hook on Scheduler.handle_generate_request: a request whose videos wait for their threshold is laid
-    out from their masks before SGLang builds its request."""
+    out from their masks before SGLang builds its request. Where that fails, the request is failed as SGLang fails
+    a request whose media could not be processed (its multimodal inputs an `MMInputsProcessError`: aborted, the
+    server serves on)."""
     output = getattr(recv_req, "mm_inputs", None)
     items = getattr(output, "mm_items", None) or ()
     if any(item.is_video() and awaits_threshold(item) for item in items):
-        videos = scheduler.tp_worker.model_runner.model.pruned_videos
-        if len(recv_req.input_ids) != len(output.input_ids):
-            raise ValueError(f"{len(recv_req.input_ids)} prompt ids beside a layout of {len(output.input_ids)}")
-        lay_out_by_threshold(output, videos.decide_threshold, videos.pad_token_id)
+        try:
+            videos = scheduler.tp_worker.model_runner.model.pruned_videos
+            if len(recv_req.input_ids) != len(output.input_ids):
+                raise ValueError(f"{len(recv_req.input_ids)} prompt ids beside a layout of {len(output.input_ids)}")
+            lay_out_by_threshold(output, videos.decide_threshold, videos.pad_token_id)
+        except Exception as exc:  # noqa: BLE001 - this request fails, the scheduler serves on
+            logger.exception("sglang-evs: a threshold's layout failed; request %s aborted", recv_req.rid)
+            recv_req.mm_inputs = sglang.MMInputsProcessError(f"sglang-evs: video_pruning_threshold: {exc}")
+            return original(scheduler, recv_req, *args, **kwargs)
         ids = recv_req.input_ids  # SGLang's own type (an array of int64) is kept
         recv_req.input_ids = array(ids.typecode, output.input_ids) if isinstance(ids, array) else list(output.input_ids)
     return original(scheduler, recv_req, *args, **kwargs)
