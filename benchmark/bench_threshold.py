@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     from sglang_evs.testing import media, tiny_model
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.workdir = args.workdir.resolve()  # file:// URLs of its clips are absolute
     args.workdir.mkdir(parents=True, exist_ok=True)
     model = args.model_path
     if model is None:

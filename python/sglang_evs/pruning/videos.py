@@ -73,7 +73,9 @@ def encoder_patch_budget(device: torch.device) -> int:
 
 class PrunedVideos:
     MASKS_KEPT = 4096  # keep-masks by item hash (video, method and rate): small bool tensors
-    DECIDED_ROWS_KEPT = 64  # a threshold video's kept rows from admission to its first forward (large)
+    # A threshold video's kept rows wait from admission to its first forward, on the model's device (a video of
+    # an 8B model: ~2k rows of 16k columns, 64 MB in bf16): the newest few; an older one is encoded again then.
+    DECIDED_ROWS_KEPT = 8
 
     def __init__(
         self, config, family: VideoFamily, embed_tokens: torch.nn.Embedding, encode: Callable[[list], torch.Tensor]

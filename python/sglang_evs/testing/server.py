@@ -191,6 +191,9 @@ def start_server(
     environment = server_environment(cpu, {**(env or {}), **graph_mode_env(graph_mode)}, server_args=extra_args)
     if cores is not None:
         environment["OMP_NUM_THREADS"] = str(len(cores))
+    # A warm interpreter's child opens the log itself, later: an earlier server's log at the same path (a benchmark's
+    # work folder) would say "ready" before this one had started.
+    Path(log_path).unlink(missing_ok=True)
     if cpu and os.environ.get(COLD_START_ENV) != "1":
         pinned = None if cores is None else list(cores)
         process = warm_start.start(launcher, args, environment, str(log_path), pinned)
