@@ -136,7 +136,7 @@ def test_mixed_media_in_either_order_and_batched_equal_each_request_alone(served
     together, (shared_forwards, cached, prompt_tokens) = send_together(server.base_url, cases, trace_path)
     assert shared_forwards > 0 and cached < prompt_tokens // 4, (shared_forwards, cached, prompt_tokens)
     decided = alone[2].meta
-    assert decided["video_tokens_after_pruning"] < decided["video_tokens_before_pruning"] == 2 * GROUPS * 100
+    assert 0 < decided["video_tokens_after_pruning"] < decided["video_tokens_before_pruning"]
     for one, many in zip(alone, together, strict=True):
         assert many.prompt_tokens == one.prompt_tokens
         assert_same_greedy(many, one, "batched vs alone")
