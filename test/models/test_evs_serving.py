@@ -329,7 +329,9 @@ LIMITED = {  # name -> the request's settings; 4 groups of 100 tokens
 }
 
 
-@pytest.mark.parametrize("name", LIMITED)
+# the rate limits' cases in the quick tier, the thresholds' in the full suite (each an HF run of its own)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if "threshold" in name else name
+                                  for name in LIMITED])  # fmt: skip
 def test_limits_and_thresholds_equal_hf_oracle_in_chunks_and_after_a_radix_hit(evs_server, evs_trace, tiny_model_dir,
                                                                                 name):  # fmt: skip
     """HF given the server's mask at the reference positions, for the prompt prefilled in 96-token chunks that cut
@@ -366,6 +368,7 @@ def test_limits_and_thresholds_equal_hf_oracle_in_chunks_and_after_a_radix_hit(e
     assert_matches_hf(again, reference)
 
 
+@pytest.mark.slow
 def test_the_threshold_is_part_of_the_cache_key(evs_server, tmp_path):
     clip = media.write_clip(tmp_path / "unseen-t.mp4", "noise", num_frames=16, fps=4, seed=13)  # not cached yet
     first = threshold_request(evs_server, clip, 1.0)
@@ -374,6 +377,7 @@ def test_the_threshold_is_part_of_the_cache_key(evs_server, tmp_path):
     assert threshold_request(evs_server, clip, 1.0).cached_tokens >= first.prompt_tokens - 1
 
 
+@pytest.mark.slow
 def test_input_logprobs_with_a_threshold_get_400(evs_server, clips):
     body = {"text": chat_prompt(VIDEO), "video_data": [str(clips["moving"])], "return_logprob": True,
             "logprob_start_len": 0, "mm_processor_kwargs": {"video_pruning_threshold": 0.3},
