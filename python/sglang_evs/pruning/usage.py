@@ -49,7 +49,8 @@ def record_usage(rid, pruning: Pruning, videos) -> None:
             _by_request.popitem(last=False)
 
 
-UNPRUNED_PROMPT = "_unpruned_prompt_tokens"  # a threshold request's pending count: not a meta-info field
+# A threshold request's pending count, kept beside its fields until its first output settles it: not meta info.
+UNPRUNED_PROMPT, VIDEOS = "_unpruned_prompt_tokens", "_videos"
 
 
 def record_threshold_usage(rid, pruning: Pruning, tokens: list[int], unpruned_prompt_tokens: int) -> None:
@@ -57,8 +58,8 @@ def record_threshold_usage(rid, pruning: Pruning, tokens: list[int], unpruned_pr
     scheduler lays it out: counted once its first output tells the served prompt's length."""
     if rid is None or isinstance(rid, list):  # a batch of prompts shares one processor call: not counted apart
         return
-    _by_request[rid] = {**usage_fields(pruning, sum(tokens), None), UNPRUNED_PROMPT: unpruned_prompt_tokens}
-    _by_request[rid]["_videos"] = len(tokens)
+    pending = {UNPRUNED_PROMPT: unpruned_prompt_tokens, VIDEOS: len(tokens)}
+    _by_request[rid] = {**usage_fields(pruning, sum(tokens), None), **pending}
     while len(_by_request) > _MAX_PENDING:
         _by_request.popitem(last=False)
 
@@ -70,7 +71,7 @@ def _settle_threshold_count(fields: dict, meta_info: dict) -> None:
     deleted = fields.pop(UNPRUNED_PROMPT) - int(meta_info["prompt_tokens"])
     fields["video_tokens_after_pruning"] = fields["video_tokens_before_pruning"] - deleted
     _count(fields[PRUNING_METHOD_SETTING], fields["video_tokens_before_pruning"],
-           fields["video_tokens_after_pruning"], fields.pop("_videos"))  # fmt: skip
+           fields["video_tokens_after_pruning"], fields.pop(VIDEOS))  # fmt: skip
 
 
 class _OutputsWithUsage(list):
@@ -83,7 +84,7 @@ class _OutputsWithUsage(list):
     def append(self, output) -> None:
         if isinstance(output, dict) and isinstance(output.get("meta_info"), dict):
             _settle_threshold_count(self.fields, output["meta_info"])
-            output["meta_info"].update(self.fields)
+            output["meta_info"].update({key: value for key, value in self.fields.items() if not key.startswith("_")})
         super().append(output)
 
 
