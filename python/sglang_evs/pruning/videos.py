@@ -100,9 +100,7 @@ class PrunedVideos:
             rows, video_grid(item), self.spatial_merge_size, setting["threshold"],
             setting["token_budget"], setting["min_tokens_per_group"],
         )  # fmt: skip
-        own = mask
-        if os.environ.get(PERTURB_MASKS_ENV) and self.rank_group is not None and self.rank_group.rank_in_group:
-            own = ~mask
+        (own,) = self._perturbed([mask])
         (mask,) = agreed_masks([own], self.rank_group)
         if trace.enabled():
             trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist(),
@@ -141,9 +139,7 @@ class PrunedVideos:
         start = time.perf_counter()
         rows_per_item = encoded.split([n // merge**2 for n in patches])
         pruned = [(item, rows) for item, rows in zip(items, rows_per_item, strict=True) if is_pruned(item)]
-        own = [self._compute_keep_mask(item, rows) for item, rows in pruned]
-        if os.environ.get(PERTURB_MASKS_ENV) and self.rank_group is not None and self.rank_group.rank_in_group:
-            own = [~mask for mask in own]
+        own = self._perturbed([self._compute_keep_mask(item, rows) for item, rows in pruned])
         masks = agreed_masks(own, self.rank_group)
         filled = {}
         for (item, rows), mask, own_mask in zip(pruned, masks, own, strict=True):
@@ -156,6 +152,12 @@ class PrunedVideos:
         if trace.enabled():
             trace.record("mask_and_fill", items=[item.hash for item in items], ms=(time.perf_counter() - start) * 1e3)
         return out
+
+    def _perturbed(self, masks: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Tests only (`PERTURB_MASKS_ENV`): at every rank but rank 0 of a batch group, the masks inverted."""
+        if os.environ.get(PERTURB_MASKS_ENV) and self.rank_group is not None and self.rank_group.rank_in_group:
+            return [~mask for mask in masks]
+        return masks
 
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
         """The item's method at its rate, under the budget and floor it carries (`methods.limited_mask`: exactly
