@@ -39,7 +39,13 @@ def is_pruned(item) -> bool:
 
 def awaits_threshold(item) -> bool:
     """Whether a video item waits for its threshold's mask (laid out unpruned, `THRESHOLD`)."""
-    return THRESHOLD_KEPT not in item.model_specific_data.get(THRESHOLD, {THRESHOLD_KEPT: None})
+    data = item.model_specific_data
+    return THRESHOLD in data and THRESHOLD_KEPT not in data[THRESHOLD]
+
+
+def threshold_decided(item) -> bool:
+    """Whether a video item's threshold mask was decided at admission (`THRESHOLD_KEPT`)."""
+    return THRESHOLD_KEPT in item.model_specific_data.get(THRESHOLD, {})
 
 
 def pruned_with(item) -> tuple[str, float] | None:

@@ -46,6 +46,7 @@ from sglang_evs.pruning.fields import (
     pruned_limits,
     region_keep,
     region_span,
+    threshold_decided,
     video_grid,
 )
 from sglang_evs.pruning.settings import server_pruning
@@ -100,18 +101,14 @@ class PrunedVideos:
             rows, video_grid(item), self.spatial_merge_size, setting["threshold"],
             setting["token_budget"], setting["min_tokens_per_group"],
         )  # fmt: skip
-        (own,) = self._perturbed([mask])
-        (mask,) = agreed_masks([own], self.rank_group)
-        if trace.enabled():
-            trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist(),
-                         own_differed=not torch.equal(own, mask), at_admission=True)  # fmt: skip
+        (mask,) = self._agreed([item], [mask], at_admission=True)
         self.decided_rows[item.hash] = rows[mask.to(rows.device)]
         while len(self.decided_rows) > self.DECIDED_ROWS_KEPT:
             self.decided_rows.popitem(last=False)
         return mask.cpu()
 
     def features(self, items: list) -> torch.Tensor | list[torch.Tensor]:
-        decided = {id(item) for item in items if THRESHOLD_KEPT in item.model_specific_data.get(THRESHOLD, {})}
+        decided = {id(item) for item in items if threshold_decided(item)}
         if not decided:
             return self._features(items)
         rest = [item for item in items if id(item) not in decided]
@@ -139,25 +136,30 @@ class PrunedVideos:
         start = time.perf_counter()
         rows_per_item = encoded.split([n // merge**2 for n in patches])
         pruned = [(item, rows) for item, rows in zip(items, rows_per_item, strict=True) if is_pruned(item)]
-        own = self._perturbed([self._compute_keep_mask(item, rows) for item, rows in pruned])
-        masks = agreed_masks(own, self.rank_group)
+        masks = self._agreed(
+            [item for item, _ in pruned], [self._compute_keep_mask(item, rows) for item, rows in pruned]
+        )
         filled = {}
-        for (item, rows), mask, own_mask in zip(pruned, masks, own, strict=True):
+        for (item, rows), mask in zip(pruned, masks, strict=True):
             self._remember(item.hash, mask)
-            if trace.enabled():
-                trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist(),
-                             own_differed=not torch.equal(own_mask, mask))  # fmt: skip
             filled[id(item)] = self._fill_region(item, rows, mask)
         out = [filled.get(id(item), rows) for item, rows in zip(items, rows_per_item, strict=True)]
         if trace.enabled():
             trace.record("mask_and_fill", items=[item.hash for item in items], ms=(time.perf_counter() - start) * 1e3)
         return out
 
-    def _perturbed(self, masks: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Tests only (`PERTURB_MASKS_ENV`): at every rank but rank 0 of a batch group, the masks inverted."""
+    def _agreed(self, items: list, masks: list[torch.Tensor], **traced) -> list[torch.Tensor]:
+        """Rank 0's keep-masks of `items` at every rank of the batch group (`agreed_masks`), each traced with
+        whether this rank's own differed. Tests only (`PERTURB_MASKS_ENV`): every rank but rank 0 inverts its
+        own first."""
         if os.environ.get(PERTURB_MASKS_ENV) and self.rank_group is not None and self.rank_group.rank_in_group:
-            return [~mask for mask in masks]
-        return masks
+            masks = [~mask for mask in masks]
+        agreed = agreed_masks(masks, self.rank_group)
+        if trace.enabled():
+            for item, own, mask in zip(items, masks, agreed, strict=True):
+                trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist(),
+                             own_differed=not torch.equal(own, mask), **traced)  # fmt: skip
+        return agreed
 
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
         """The item's method at its rate, under the budget and floor it carries (`methods.limited_mask`: exactly
