@@ -1,6 +1,7 @@
 """A mixed request set (text, image, videos at two EVS rates) sent concurrently: the scale-out tests,
 the router fault run and the router benchmark share it."""
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -151,13 +152,21 @@ def pruning_totals(generations: Sequence[Generation]) -> dict[str, int]:
     }
 
 
-def send_alone(base_url: str, cases: Sequence[tuple[str, dict, float | dict]]) -> list[Generation]:
-    """(prompt, media kwargs, pruning rate or settings: `per_request_pruning`) cases one after the other, each
-    from an empty radix cache: the reference a `send_together` round is compared with."""
+Case = tuple[str, dict, float | dict]  # (prompt, media kwargs, pruning rate or settings: `per_request_pruning`)
+
+
+def send_case(base_url: str, case: Case, max_new_tokens: int = 8) -> Generation:
+    prompt, kwargs, pruning = case
+    return generate(base_url, prompt, max_new_tokens, **kwargs, **per_request_pruning(pruning))[0]
+
+
+def send_alone(base_url: str, cases: Sequence[Case]) -> list[Generation]:
+    """Cases one after the other, each from an empty radix cache: the reference a `send_together` round is
+    compared with."""
     replies = []
-    for prompt, kwargs, rate in cases:
+    for case in cases:
         flush_cache(base_url)
-        replies.append(generate(base_url, prompt, **kwargs, **per_request_pruning(rate))[0])
+        replies.append(send_case(base_url, case))
     return replies
 
 
@@ -190,17 +199,12 @@ def sent_while_held(
 
 
 def send_together(
-    base_url: str, cases: Sequence[tuple[str, dict, float | dict]], trace_path: Path, attempts: int = 3
+    base_url: str, cases: Sequence[Case], trace_path: Path, attempts: int = 3
 ) -> tuple[list[Generation], tuple[int, int, int]]:
-    """(prompt, media kwargs, pruning rate) cases sent at once, one HTTP request each, from an empty radix
-    cache, until the trace shows a prefill forward that held the media of two of them or more (at most
-    `attempts` rounds, see `sent_while_held`). The last round's replies in the order of `cases`, and its
-    `prefilled_together`."""
-
-    def send(case: tuple[str, dict, float | dict]) -> Generation:
-        prompt, kwargs, rate = case
-        return generate(base_url, prompt, **kwargs, **per_request_pruning(rate))[0]
-
+    """Cases sent at once, one HTTP request each, from an empty radix cache, until the trace shows a prefill
+    forward that held the media of two of them or more (at most `attempts` rounds, see `sent_while_held`). The
+    last round's replies in the order of `cases`, and its `prefilled_together`."""
+    send = functools.partial(send_case, base_url)
     for _ in range(attempts):
         flush_cache(base_url)
         before = len(trace.read(trace_path, "embed_routine"))
@@ -217,21 +221,16 @@ def send_together(
 
 def replayed_padded(
     base_url: str,
-    cases: Sequence[tuple[str, dict, float | dict]],
+    cases: Sequence[Case],
     trace_path: Path,
     mode: str,
     max_new_tokens: int = 8,
     attempts: int = 3,
 ) -> tuple[list[Generation], list[dict]]:
-    """(prompt, media kwargs, pruning rate) cases sent at once, from an empty radix cache, until a graph-mode
-    server's trace shows a `mode` replay holding all of them in one batch (with 3 cases and graph sizes
-    1, 2, 4: three live rows and a padding row), as in `send_together`. The last round's replies in the
-    order of `cases`, and its `graph_replay` events."""
-
-    def send(case: tuple[str, dict, float | dict]) -> Generation:
-        prompt, kwargs, rate = case
-        return generate(base_url, prompt, max_new_tokens, **kwargs, **per_request_pruning(rate))[0]
-
+    """Cases sent at once, from an empty radix cache, until a graph-mode server's trace shows a `mode` replay
+    holding all of them in one batch (with 3 cases and graph sizes 1, 2, 4: three live rows and a padding row),
+    as in `send_together`. The last round's replies in the order of `cases`, and its `graph_replay` events."""
+    send = functools.partial(send_case, base_url, max_new_tokens=max_new_tokens)
     for _ in range(attempts):
         flush_cache(base_url)
         before = len(trace.read(trace_path, "graph_replay"))
