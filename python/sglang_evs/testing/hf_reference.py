@@ -347,47 +347,42 @@ def assert_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q, tie: floa
 def assert_limited_masks_agree_up_to_ties(served, oracle_rows, grid, merge, q, budget: int = 0, floor: int = 0,
                                           tie: float = MASK_TIE):  # fmt: skip
     """Under a token budget and a per-group floor (0: off): the server's mask keeps the oracle's count
-    (`evs_oracle.limited_keep_mask` on HF's features), at least the floor in every group, and the oracle's rows
-    except rows whose scores are within `tie` of a cut-off: the one of the rows past the floors, or their
-    group's floor (its `floor`-th best score)."""
-    from sglang_evs.testing.evs_oracle import limited_keep_mask, ranked
+    (`evs_oracle.limited_keep_mask` on HF's features) and agrees with it up to ties (`_assert_agree_near_cuts`)."""
+    from sglang_evs.testing.evs_oracle import limited_keep_mask
 
     oracle = limited_keep_mask(oracle_rows, grid, merge, q, budget, floor)
-    row_scores = scores(oracle_rows, grid, merge)
-    groups = int(grid[0])
-    tpf, k = len(row_scores) // groups, min(floor, len(row_scores) // groups)
     assert int(served.sum()) == int(oracle.sum())
-    assert min(served.view(groups, tpf).sum(dim=1).tolist()) >= k
-    order = ranked(row_scores)
-    floors = [[i for i in order if i // tpf == g][:k] for g in range(groups)]
-    past_floors = [i for i in order if oracle[i] and i not in {j for group in floors for j in group}]
-    cuts = {g: [row_scores[floors[g][-1]]] if k else [] for g in range(groups)}
-    rest_cut = [row_scores[past_floors[-1]]] if past_floors else []
-    for i in (served ^ oracle).nonzero().flatten().tolist():
-        near = [abs(row_scores[i] - cut) < tie for cut in cuts[i // tpf] + rest_cut]
-        assert any(near), f"the masks differ beyond ties at row {i} (score {row_scores[i]:.4g})"
+    _assert_agree_near_cuts(served, oracle, scores(oracle_rows, grid, merge), int(grid[0]), floor, tie)
 
 
 def assert_threshold_masks_agree_up_to_ties(served, oracle_rows, grid, merge, threshold: float, budget: int = 0,
                                             floor: int = 0, tie: float = MASK_TIE):  # fmt: skip
     """Under a threshold (and a budget and a floor, 0: off): the server's mask is the oracle's
-    (`evs_oracle.threshold_keep_mask` on HF's features) but for rows whose scores are within `tie` of a cut: the
-    threshold, the lowest score the oracle keeps past the floors, or their group's floor (its `floor`-th best)."""
-    from sglang_evs.testing.evs_oracle import ranked
+    (`evs_oracle.threshold_keep_mask` on HF's features) up to ties (`_assert_agree_near_cuts`), the threshold
+    itself one of the cuts."""
     from sglang_evs.testing.evs_oracle import threshold_keep_mask as oracle_mask
 
     oracle = oracle_mask(oracle_rows, grid, merge, threshold, budget, floor)
-    row_scores = scores(oracle_rows, grid, merge)
-    groups = int(grid[0])
+    _assert_agree_near_cuts(served, oracle, scores(oracle_rows, grid, merge), int(grid[0]), floor, tie,
+                            cuts=(threshold,), past_group_0=True)  # fmt: skip
+
+
+def _assert_agree_near_cuts(served, oracle, row_scores: list[float], groups: int, floor: int, tie: float,
+                            cuts: tuple[float, ...] = (), past_group_0: bool = False) -> None:  # fmt: skip
+    """The server's mask keeps at least the floor in every group, and differs from `oracle` only at rows whose
+    scores are within `tie` of a cut: one of `cuts`, the lowest score the oracle keeps past the floors (and past
+    group 0 where `past_group_0`), or the row's group's floor (its `floor`-th best score)."""
+    from sglang_evs.testing.evs_oracle import ranked
+
     tpf = len(row_scores) // groups
     k = min(floor, tpf)
+    assert min(served.view(groups, tpf).sum(dim=1).tolist()) >= k
     order = ranked(row_scores)
     floors = [[i for i in order if i // tpf == g][:k] for g in range(groups)]
     in_floors = {i for group in floors for i in group}
-    past_floors = [i for i in order if oracle[i] and i not in in_floors and i >= tpf]
-    cuts = [threshold] + ([row_scores[past_floors[-1]]] if past_floors else [])
-    if k:
-        assert min(served.view(groups, tpf).sum(dim=1).tolist()) >= k
+    past_floors = [i for i in order if oracle[i] and i not in in_floors and (i >= tpf or not past_group_0)]
+    rest_cuts = [*cuts, *([row_scores[past_floors[-1]]] if past_floors else [])]
     for i in (served ^ oracle).nonzero().flatten().tolist():
-        near = [abs(row_scores[i] - cut) < tie for cut in cuts + ([row_scores[floors[i // tpf][-1]]] if k else [])]
+        group_cut = [row_scores[floors[i // tpf][-1]]] if k else []
+        near = [abs(row_scores[i] - cut) < tie for cut in group_cut + rest_cuts]
         assert any(near), f"the masks differ beyond ties at row {i} (score {row_scores[i]:.4g})"
