@@ -96,11 +96,12 @@ class PruningProcessor:
         refuse_unsupported(pruning, self.conflict, self.rate_only, self.content_unreached)
         output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
         merge = self.hf_config.vision_config.spatial_merge_size
-        if pruning.follows_content and output is not None and any(item.is_video() for item in output.mm_items):
+        has_video = output is not None and any(item.is_video() for item in output.mm_items)
+        if has_video and pruning.follows_content:
             refuse_request_features_with_threshold(request_obj)
             tokens = mark_threshold_videos(output, pruning, merge)
             record_threshold_usage(getattr(request_obj, "rid", None), pruning, tokens, len(output.input_ids))
-        elif pruning.prunes and output is not None and any(item.is_video() for item in output.mm_items):
+        elif has_video and pruning.prunes:
             videos = prune_video_regions(output, pruning, merge, self.family.pad_token_id(self.hf_config))
             refuse_prompt_logprobs_over_pruned_videos(request_obj, output)
             record_usage(getattr(request_obj, "rid", None), pruning, videos)

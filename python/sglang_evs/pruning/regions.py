@@ -24,7 +24,7 @@ import copy
 import torch
 
 from sglang_evs import sglang_compat as sglang
-from sglang_evs.methods import canonical_keep_mask
+from sglang_evs.methods import canonical_keep_mask, grid_tokens
 from sglang_evs.pruning.deletion import delete_tokens
 from sglang_evs.pruning.fields import (
     METHOD,
@@ -124,8 +124,8 @@ def mark_threshold_videos(output, pruning: Pruning, spatial_merge_size: int) -> 
     for item in output.mm_items:
         if not item.is_video():
             continue
-        t, height, width = video_grid(item)
-        tokens.append(t * (height // spatial_merge_size) * (width // spatial_merge_size))
+        t, h, w = grid_tokens(video_grid(item), spatial_merge_size)
+        tokens.append(t * h * w)
         item.set(THRESHOLD, {"threshold": pruning.threshold, **limits})
         item.set_pad_value()
         item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, 0.0, **limits, threshold=pruning.threshold))

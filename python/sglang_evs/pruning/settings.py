@@ -124,12 +124,15 @@ def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
             f"{PRUNING_RATE_SETTING}={rate} and {PRUNING_THRESHOLD_SETTING}={threshold}: name one; a threshold "
             "decides the kept count by the content, a rate by a fixed share"
         )
+    # the count's decider named here sets the default's other decider aside
+    default_rate = default.rate if threshold is None else 0.0
+    default_threshold = default.threshold if rate is None else None
     pruning = Pruning(
         default.method if name is None else method_named(name),
-        (0.0 if threshold is not None else default.rate) if rate is None else check_pruning_rate(rate),
+        default_rate if rate is None else check_pruning_rate(rate),
         default.token_budget if budget is None else check_token_count(budget, TOKEN_BUDGET_SETTING),
         default.min_tokens_per_group if floor is None else check_token_count(floor, MIN_TOKENS_PER_GROUP_SETTING),
-        (None if rate is not None else default.threshold) if threshold is None else check_pruning_threshold(threshold),
+        default_threshold if threshold is None else check_pruning_threshold(threshold),
     )
     if pruning.follows_content and pruning.method != DEFAULT_METHOD:
         raise ValueError(

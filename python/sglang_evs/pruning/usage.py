@@ -44,9 +44,14 @@ def record_usage(rid, pruning: Pruning, videos) -> None:
     if rid is None:
         return
     for one_rid in rid if isinstance(rid, list) else [rid]:
-        _by_request[one_rid] = usage_fields(pruning, before, after)
-        while len(_by_request) > _MAX_PENDING:
-            _by_request.popitem(last=False)
+        _hand_over(one_rid, usage_fields(pruning, before, after))
+
+
+def _hand_over(rid: str, fields: dict) -> None:
+    """A request's fields, for its outputs (`add_usage_to_meta_info`); the oldest go past `_MAX_PENDING`."""
+    _by_request[rid] = fields
+    while len(_by_request) > _MAX_PENDING:
+        _by_request.popitem(last=False)
 
 
 # A threshold request's pending count, kept beside its fields until its first output settles it: not meta info.
@@ -59,9 +64,7 @@ def record_threshold_usage(rid, pruning: Pruning, tokens: list[int], unpruned_pr
     if rid is None or isinstance(rid, list):  # a batch of prompts shares one processor call: not counted apart
         return
     pending = {UNPRUNED_PROMPT: unpruned_prompt_tokens, VIDEOS: len(tokens)}
-    _by_request[rid] = {**usage_fields(pruning, sum(tokens), None), **pending}
-    while len(_by_request) > _MAX_PENDING:
-        _by_request.popitem(last=False)
+    _hand_over(rid, {**usage_fields(pruning, sum(tokens), None), **pending})
 
 
 def _settle_threshold_count(fields: dict, meta_info: dict) -> None:
