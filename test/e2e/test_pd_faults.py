@@ -14,12 +14,15 @@ One fleet for the module (CPU route, tiny Qwen3-VL, float32): a prefill server a
 
 - Bad pruning settings in a chat request (`chat_template_kwargs`, the field the router forwards): a rate
   of 1.5 and an unknown method get HTTP 400 through the router, naming the setting; the fleet serves on.
-- A burst of 16 concurrent chat requests (text, image, a video at the servers' default and at q = .75;
-  64 output tokens each): once the decode servers hold at least half of them between them, the busier
-  one's whole process group gets SIGKILL. Every request is answered, or fails with an HTTP error, within the
-  client's bounded timeout (none hangs); the router drops the dead server from its list within 30 s, and
-  the requests that follow are all served, by the other decode server (its access log says so) and the same
-  prefill server. Run with `-s` to see each request's outcome and when it ended.
+- A burst of 16 concurrent chat requests (text, image, a video at the servers' default and at q = .75; 64
+  output tokens each): once the decode servers hold at least half of them between them, the busier one's whole
+  process group gets SIGKILL. The decode servers' forwards are held while the burst arrives (SGLang's
+  `/slow_down`, `workload.FORWARD_HOLD_S` each; the survivor's hold is lifted at the kill): a tiny model
+  decodes each request faster than the prefill server hands the next over, so unheld they would hold more than
+  a few at once only by chance (CI's machine: never in 60 s). Every request is answered, or fails with an HTTP
+  error, within the client's bounded timeout (none hangs); the router drops the dead server from its list
+  within 30 s, and the requests that follow are all served, by the other decode server (its access log says
+  so) and the same prefill server. Run with `-s` to see each request's outcome and when it ended.
 """
 
 import os
@@ -166,25 +169,33 @@ def killed(fleet, files) -> Killed:
             return Outcome(request.name, "completed", ended, "")
         return Outcome(request.name, "error", ended, f"{response.status_code}: {error_message(response)[:300]}")
 
-    with ThreadPoolExecutor(max_workers=BURST) as pool:
-        futures = [pool.submit(send, request) for request in burst]
-        deadline, loads = time.monotonic() + 60, [0, 0]
-        while time.monotonic() < deadline and not (all(loads) and sum(loads) >= BURST // 2):
-            loads = [load(decode) for decode in fleet.decodes]
-            time.sleep(0.05)
-        assert all(loads) and sum(loads) >= BURST // 2, f"the burst never ran on both decode servers: {loads}"
-        victim = max(range(2), key=lambda i: loads[i])
-        os.killpg(fleet.decodes[victim].process.pid, signal.SIGKILL)
-        killed_at[0] = time.monotonic()
-        unfinished = sum(1 for f in futures if not f.done())
-        dead, unlisted = fleet.decodes[victim].base_url, None
-        while unlisted is None or not all(f.done() for f in futures):  # the requests end as the router drops it
-            if unlisted is None and dead not in healthy_workers(fleet.router.base_url):
-                unlisted = time.monotonic() - killed_at[0]
-            if time.monotonic() - killed_at[0] > CLIENT_TIMEOUT_S + 10:
-                break
-            time.sleep(0.2)
-        outcomes = [future.result() for future in futures]  # each bounded by CLIENT_TIMEOUT_S
+    for decode in fleet.decodes:  # held, so that the burst gathers on them
+        workload.slow_down(decode.base_url, workload.FORWARD_HOLD_S)
+    try:
+        with ThreadPoolExecutor(max_workers=BURST) as pool:
+            futures = [pool.submit(send, request) for request in burst]
+            deadline, loads = time.monotonic() + 60, [0, 0]
+            while time.monotonic() < deadline and not (all(loads) and sum(loads) >= BURST // 2):
+                loads = [load(decode) for decode in fleet.decodes]
+                time.sleep(0.05)
+            assert all(loads) and sum(loads) >= BURST // 2, f"the burst never ran on both decode servers: {loads}"
+            victim = max(range(2), key=lambda i: loads[i])
+            os.killpg(fleet.decodes[victim].process.pid, signal.SIGKILL)
+            killed_at[0] = time.monotonic()
+            workload.slow_down(fleet.decodes[1 - victim].base_url, None)
+            unfinished = sum(1 for f in futures if not f.done())
+            dead, unlisted = fleet.decodes[victim].base_url, None
+            while unlisted is None or not all(f.done() for f in futures):  # they end as the router drops it
+                if unlisted is None and dead not in healthy_workers(fleet.router.base_url):
+                    unlisted = time.monotonic() - killed_at[0]
+                if time.monotonic() - killed_at[0] > CLIENT_TIMEOUT_S + 10:
+                    break
+                time.sleep(0.2)
+            outcomes = [future.result() for future in futures]  # each bounded by CLIENT_TIMEOUT_S
+    finally:
+        for decode in fleet.decodes:
+            if decode.alive():
+                workload.slow_down(decode.base_url, None)
     fleet.decodes[victim].process.wait()
     listed = healthy_workers(fleet.router.base_url)
     result = Killed(outcomes, loads, unfinished, victim, fleet.decodes[1 - victim], unlisted, listed)
