@@ -91,6 +91,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("pd_metadata_row"), prefill_decode.send_layout, after)
     register(sglang.hook_target("pd_prefill_bootstrapped"), prefill_decode.check_decode_allocation, around)
     register(sglang.hook_target("pd_decode_commit"), prefill_decode.check_prefill_layout, around)
+    register(sglang.hook_target("pd_room_status"), prefill_decode.cleared_room_reads_failed, around)
     register(sglang.hook_target("init_prefill_graph"), keep_mrope_draft_prefill_eager, around)
     register(sglang.hook_target("extend_session_media"), sessions.move_pruned_regions_with_the_turn, around)
     register(sglang.hook_target("queue_request"), sessions.refuse_session_logprobs_over_pruned_videos, before)
@@ -101,6 +102,7 @@ def register_hooks() -> None:
 
         for runner in ("prefill", "decode", "draft_decode", "draft_extend"):
             register(sglang.hook_target(f"{runner}_graph_execute"), trace_graph_replay, around)
+        register(sglang.hook_target("admit_request"), trace.record_arrival, before)
     if trace.transfers_enabled():
         from sglang_evs.transfer_trace import record_transfer
 

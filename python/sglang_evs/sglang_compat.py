@@ -114,6 +114,7 @@ INTERNALS: dict[str, str] = {
     # and how a scheduler fails a request it holds for a transfer
     "is_fake_transfer": "sglang.srt.disaggregation.utils:_is_fake_transfer",
     "prepare_abort": "sglang.srt.disaggregation.utils:prepare_abort",
+    "KVPoll": "sglang.srt.disaggregation.base.conn:KVPoll",  # a KV transfer room's status
     # several tokenizer workers (`--tokenizer-worker-num` > 1): each is a fresh process that imports the HTTP app
     # by the path in HTTP_APP_PATH_ENV and never calls `load_plugins` (`tokenizer_workers.py`)
     "load_plugins": "sglang.srt.plugins:load_plugins",
@@ -157,6 +158,9 @@ HOOK_TARGETS: dict[str, str] = {
     "pd_metadata_row": "sglang.srt.disaggregation.utils:MetadataBuffers.set_buf",
     "pd_prefill_bootstrapped": "sglang.srt.disaggregation.prefill:PrefillBootstrapQueue.finalize_bootstrap",
     "pd_decode_commit": "sglang.srt.disaggregation.decode:DecodeTransferQueue._commit_transfer_to_req",
+    # a transfer room's status, read by both servers' schedulers and transfer threads (its module is imported
+    # by the three above already)
+    "pd_room_status": "sglang.srt.disaggregation.common.conn:CommonKVManager.check_status",
     # a session turn's media appended to the session's request, its positions moved past the history
     # (pruning/sessions.py moves a pruned video's region positions with them)
     "extend_session_media": "sglang.srt.managers.schedule_batch:Req._extend_session_image_inputs",

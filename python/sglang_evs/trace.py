@@ -54,6 +54,12 @@ def record(event: str, **fields) -> None:
             out.write(json.dumps({"event": event, "pid": os.getpid(), **fields}) + "\n")
 
 
+def record_arrival(scheduler, recv_req, *args, **kwargs) -> None:
+    """BEFORE hook on `Scheduler.handle_generate_request` (traced only): a request reached a scheduler, its prompt
+    tokenized and its media processed (`testing.workload` holds a concurrent round's forwards until all have)."""
+    record("request_arrived", rid=recv_req.rid)
+
+
 def read(path: str | os.PathLike, event: str) -> list[dict]:
     """The `event` entries of the trace at `path`, oldest first; [] while there is none. A line still being
     written (no newline yet), which a reader polling a live server's trace may meet, is not one yet."""

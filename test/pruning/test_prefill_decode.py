@@ -233,3 +233,19 @@ def test_for_a_model_not_served_every_hook_leaves_sglangs_call_as_it_was(buffers
     assert commit(buffers, other) == [other] and other.req.finished_reason is None
     manager = Manager([456])
     assert finalize(request(), manager, 256) and manager.failed == []
+
+
+def test_a_cleared_room_reads_failed_where_sglang_would_raise_and_end_the_transfer_thread(monkeypatch):
+    """On SGLang's own `check_status`: a room cleared between a caller's membership test and its read (the
+    race that ended a prefill server's transfer thread) reads Failed for a served model; a room that is there
+    reads its status; for a model not served, SGLang's KeyError stands."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+
+    manager = SimpleNamespace(request_status={ROOM: KVPoll.Transferring})
+    hooked = prefill_decode.cleared_room_reads_failed
+    assert hooked(CommonKVManager.check_status, manager, ROOM) == KVPoll.Transferring
+    assert hooked(CommonKVManager.check_status, manager, ROOM + 1) == KVPoll.Failed
+    monkeypatch.setattr(prefill_decode, "serves_this_model", lambda: False)
+    with pytest.raises(KeyError):
+        hooked(CommonKVManager.check_status, manager, ROOM + 1)

@@ -20,6 +20,9 @@ name instead of being decoded at wrong positions:
    the pages this prompt fills; on a difference the transfer fails with the reason, which reaches the
    client in the decode server's error.
 
+One more hook mends an SGLang 0.5.23 race that a pair serving pruned requests met in this project's tests
+(`cleared_room_reads_failed`): without it, one unlucky request stops every later transfer of a prefill server.
+
 Each hook acts for the architectures the plugin serves only (`refusals.serves_this_model`, from the server's
 checkpoint: the hooked buffers and queues hold no model config): for any other model a pair's metadata rows,
 commits and transfers are SGLang's own, two layouts that differ included.
@@ -213,3 +216,19 @@ def conclude_with_reason(manager, room: int, reason: str) -> None:
         manager.conclude_failure(bootstrap_room=room, failure_reason=reason)
     finally:
         del manager.kv_status_msg_carries_reason
+
+
+def cleared_room_reads_failed(original, manager, bootstrap_room, *args, **kwargs):
+    """AROUND hook on `CommonKVManager.check_status`: a room already cleared reads as `KVPoll.Failed` instead
+    of raising KeyError. Every caller treats a room missing from `request_status` as failed, but tests that
+    first and reads its status after; the scheduler thread clears a finished room in between at times, and
+    the KeyError then ends Mooncake's transfer thread (`Transfer thread failed because of <room>`): every
+    later request of that prefill server waits for its KV until the client gives up (seen in a full run of
+    this project's suite: a text request unanswered for 300 s). Upstream's own sender poll reads a missing
+    room as failed alike; a room that is there reads as SGLang reads it."""
+    try:
+        return original(manager, bootstrap_room, *args, **kwargs)
+    except KeyError:
+        if not serves_this_model():
+            raise
+        return sglang.KVPoll.Failed

@@ -185,7 +185,10 @@ def sent_while_held(
 
     SGLang hands requests to its scheduler one by one as their media are processed, and an idle scheduler
     prefills each as it arrives: with a tiny model the forwards are faster than the media, so concurrent
-    requests would meet in one batch only by chance. Held forwards let the rest queue behind the first."""
+    requests would meet in one batch only by chance. Held forwards let the rest queue behind the first. A
+    round has met once all its requests reached the scheduler (`all_arrived`): the scheduler decides each
+    batch from its queue, so from then on it batches them as it would held (prefill before decode: a decode
+    waits for every queued prefill)."""
     slow_down(base_url, FORWARD_HOLD_S)
     try:
         with ThreadPoolExecutor(max_workers=len(cases)) as pool:
@@ -198,6 +201,17 @@ def sent_while_held(
         slow_down(base_url, None)
 
 
+def arrivals(trace_path: Path) -> int:
+    """`request_arrived` events in a server's trace so far (`trace.record_arrival`)."""
+    return len(trace.read(trace_path, "request_arrived"))
+
+
+def all_arrived(trace_path: Path, arrivals_before: int, count: int) -> bool:
+    """Whether `count` requests reached the server's schedulers since its first `arrivals_before` arrivals (each
+    request once, though every tensor-parallel rank records it)."""
+    return len({event["rid"] for event in trace.read(trace_path, "request_arrived")[arrivals_before:]}) >= count
+
+
 def send_together(
     base_url: str, cases: Sequence[Case], trace_path: Path, attempts: int = 3
 ) -> tuple[list[Generation], tuple[int, int, int]]:
@@ -207,10 +221,11 @@ def send_together(
     send = functools.partial(send_case, base_url)
     for _ in range(attempts):
         flush_cache(base_url)
-        before = len(trace.read(trace_path, "embed_routine"))
+        before, arrived = len(trace.read(trace_path, "embed_routine")), arrivals(trace_path)
 
-        def met(before: int = before) -> bool:
-            return any(e["media_requests"] >= 2 for e in trace.read(trace_path, "embed_routine")[before:])
+        def met(before: int = before, arrived: int = arrived) -> bool:
+            forwards = trace.read(trace_path, "embed_routine")[before:]
+            return all_arrived(trace_path, arrived, len(cases)) or any(e["media_requests"] >= 2 for e in forwards)
 
         replies = sent_while_held(base_url, send, cases, met)
         batched = prefilled_together(trace_path, before, replies)
@@ -233,14 +248,17 @@ def replayed_padded(
     send = functools.partial(send_case, base_url, max_new_tokens=max_new_tokens)
     for _ in range(attempts):
         flush_cache(base_url)
-        before = len(trace.read(trace_path, "graph_replay"))
+        before, arrived = len(trace.read(trace_path, "graph_replay")), arrivals(trace_path)
 
-        def met(before: int = before) -> bool:
+        def replayed_together(before: int = before) -> bool:
             replays = trace.read(trace_path, "graph_replay")[before:]
             return any(event["mode"] == mode and event["requests"] == len(cases) for event in replays)
 
+        def met(arrived: int = arrived) -> bool:
+            return all_arrived(trace_path, arrived, len(cases)) or replayed_together()
+
         replies = sent_while_held(base_url, send, cases, met)
-        if met():
+        if replayed_together():
             break
     return replies, trace.read(trace_path, "graph_replay")[before:]
 
