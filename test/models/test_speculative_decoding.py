@@ -42,7 +42,7 @@ from sglang_evs.testing.requests import (
     per_request_rate,
 )
 from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG, Launch, run_to_exit, running_servers
-from sglang_evs.testing.workload import replayed_padded, send_alone, send_together
+from sglang_evs.testing.workload import replayed_padded, send_alone, send_together, side_by_side
 
 pytestmark = pytest.mark.slow  # twelve servers
 
@@ -450,9 +450,11 @@ def served_both(media_dir, clips, tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir
     launches = (*qwen3_5_launches(tiny_qwen3_5_mtp_dir, tiny_qwen3_5_moe_mtp_dir, qwen3_5_out), *eagle3)
     all_cases = cases(media_dir, clips)
     with running_servers(*launches) as servers:
-        return serve_qwen3_5(servers[:7], all_cases, clips, qwen3_5_out), serve_eagle3(
-            servers[7:], all_cases, eagle3_out
+        qwen3_5, eagle3 = side_by_side(
+            lambda: serve_qwen3_5(servers[:7], all_cases, clips, qwen3_5_out),
+            lambda: serve_eagle3(servers[7:], all_cases, eagle3_out),
         )
+        return qwen3_5, eagle3
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from sglang_evs.testing.requests import (
 )
 
 VIDEO_RATES = (0.25, 0.75)
-T = TypeVar("T")  # what a sender takes: a MixedRequest, or whatever a caller's own sender sends
+T = TypeVar("T")  # what a sender takes (a MixedRequest, or a caller's own case), or what a piece of work returns
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,15 @@ def send_alone(base_url: str, cases: Sequence[Case]) -> list[Generation]:
         flush_cache(base_url)
         replies.append(send_case(base_url, case))
     return replies
+
+
+def side_by_side(*work: Callable[[], T]) -> list[T]:
+    """Each piece of work in a thread of its own, all at once; their results in order (the first failure raised).
+    For request streams to different servers: a test server's scheduler runs one torch thread, so one stream
+    keeps about one core busy, and two keep two. Each server still serves its own requests in its own order."""
+    with ThreadPoolExecutor(max_workers=len(work)) as pool:
+        futures = [pool.submit(piece) for piece in work]
+        return [future.result() for future in futures]
 
 
 FORWARD_HOLD_S = 0.5  # how long each forward waits while a concurrent round's requests arrive (media: ~0.1 s each)
