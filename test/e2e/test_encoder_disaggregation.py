@@ -34,7 +34,7 @@ from sglang_evs.testing.requests import (
     pruning_setting,
 )
 from sglang_evs.testing.server import Launch, run_to_exit, running_server, running_servers
-from sglang_evs.testing.workload import send_alone, send_together
+from sglang_evs.testing.workload import send_alone, send_together, side_by_side
 
 pytestmark = pytest.mark.slow
 
@@ -124,16 +124,22 @@ def served(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict:
                          "--json-model-override-args", json.dumps(pruning_setting(LANGUAGE_DEFAULT))]  # fmt: skip
         with running_server(tiny_model_dir, folder / "language.log", language_args,
                             {trace.ENV: str(language_trace)}, graph_mode=True) as language:  # fmt: skip
-            for name, case in all_cases.items():
-                for setting_name, setting in SETTINGS.items():
-                    if name == "image" and setting_name != "q=0":
-                        continue
-                    out["pair"][name, setting_name] = ask(language.base_url, case, setting)
-                    if (name, setting_name) == ("video", "evs q=0.75"):
-                        out["radix_repeat"] = ask(language.base_url, case, setting)
-                    out["single"][name, setting_name] = ask(tiny_server.base_url, case, setting)
-            out["default"] = ask(language.base_url, all_cases["video"], {})  # the language server's default
-            out["mixed_alone"] = send_alone(tiny_server.base_url, mixed(files))
+            compared = [(name, setting) for name in all_cases for setting in SETTINGS
+                        if name != "image" or setting == "q=0"]  # fmt: skip
+
+            def on_pair() -> None:
+                for name, setting in compared:
+                    out["pair"][name, setting] = ask(language.base_url, all_cases[name], SETTINGS[setting])
+                    if (name, setting) == ("video", "evs q=0.75"):
+                        out["radix_repeat"] = ask(language.base_url, all_cases[name], SETTINGS[setting])
+                out["default"] = ask(language.base_url, all_cases["video"], {})  # the language server's default
+
+            def on_single() -> None:
+                for name, setting in compared:
+                    out["single"][name, setting] = ask(tiny_server.base_url, all_cases[name], SETTINGS[setting])
+                out["mixed_alone"] = send_alone(tiny_server.base_url, mixed(files))
+
+            side_by_side(on_pair, on_single)  # the pair and the single server, each its own stream of requests
             out["mixed_together"], out["mixed_prefill"] = send_together(language.base_url, mixed(files), language_trace)
 
             sent_before = [len(trace.read(path, "encoder_sent")) for path in traces]
@@ -306,13 +312,17 @@ def pair_layout(request, files, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp(f"epd_{request.param}")
     encoder = Launch(model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only", *encoder_args], env)
     single = Launch(model_dir, folder / "single.log", SERVER_ARGS, env)
-    all_cases, out = cases(files), {"pair": [], "single": []}
+    all_cases, out = cases(files), {}
     with running_servers(encoder, single) as (encoder_server, single_server):
         language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", encoder_server.base_url]
         with running_server(model_dir, folder / "language.log", language_args, env) as language:
-            for case, setting in LAYOUT_REQUESTS:
-                out["pair"].append(ask(language.base_url, all_cases[case], SETTINGS[setting]))
-                out["single"].append(ask(single_server.base_url, all_cases[case], SETTINGS[setting]))
+
+            def serve(url: str) -> list[Generation]:
+                return [ask(url, all_cases[case], SETTINGS[setting]) for case, setting in LAYOUT_REQUESTS]
+
+            # the pair and the single server, each its own stream of requests
+            out["pair"], out["single"] = side_by_side(lambda: serve(language.base_url),
+                                                      lambda: serve(single_server.base_url))  # fmt: skip
         if "--enable-metrics" in encoder_args:
             metrics = requests.get(f"{encoder_server.base_url}/metrics", timeout=30).text
             out["video_cache_hit_tokens"] = sum(
