@@ -18,6 +18,7 @@ from sglang_evs import trace
 from sglang_evs.bench import mmmu_fixture
 from sglang_evs.testing.requests import IMAGE, VIDEO, chat_prompt, flush_cache, generate, logprob_gap, media_kwargs
 from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.workload import side_by_side
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -83,11 +84,17 @@ def served(tiny_model_dir, media_dir, tmp_path_factory):
         for (config, extra, plugin), trace_path in zip(plans, traces, strict=True)
     ]  # fmt: skip
     with running_servers(*launches) as servers:
-        for server, (config, _, plugin) in zip(servers, plans, strict=True):
-            out[config, plugin] = run_all(server.base_url, media_dir, names)
-            if config == "single_chunk":
-                out["mmmu", plugin] = run_mmmu(server.base_url, mmmu_data, work / f"mmmu-{plugin}.json")
-            out["log", config, plugin] = server.log()
+
+        def serve(with_plugin: str) -> None:
+            for server, (config, _, plugin) in zip(servers, plans, strict=True):
+                if plugin != with_plugin:
+                    continue
+                out[config, plugin] = run_all(server.base_url, media_dir, names)
+                if config == "single_chunk":
+                    out["mmmu", plugin] = run_mmmu(server.base_url, mmmu_data, work / f"mmmu-{plugin}.json")
+                out["log", config, plugin] = server.log()
+
+        side_by_side(lambda: serve("on"), lambda: serve("off"))  # the plugin's servers beside upstream's
     for (config, _, plugin), trace_path in zip(plans, traces, strict=True):
         if plugin == "on":
             out["trace"][config] = trace_path
