@@ -37,6 +37,7 @@ from sglang_evs.testing.requests import (
     media_kwargs,
 )
 from sglang_evs.testing.server import Launch, running_servers
+from sglang_evs.testing.workload import side_by_side
 
 pytestmark = pytest.mark.slow  # eight servers: the full suite only (see pyproject.toml)
 
@@ -125,9 +126,14 @@ def served(request, media_dir, tmp_path_factory) -> dict:
             launches.append(Launch(model, work / f"{family}-{plugin}.log", args, env))
             keys.append((family, plugin))
     with running_servers(*launches) as servers:
-        for (family, plugin), server in zip(keys, servers, strict=True):
-            out[family, plugin] = run_all(server.base_url, family, images, media_dir)
-            out["log", family, plugin] = server.log()
+
+        def serve(with_plugin: str) -> None:
+            for (family, plugin), server in zip(keys, servers, strict=True):
+                if plugin == with_plugin:
+                    out[family, plugin] = run_all(server.base_url, family, images, media_dir)
+                    out["log", family, plugin] = server.log()
+
+        side_by_side(lambda: serve("on"), lambda: serve("off"))  # the plugin's servers beside upstream's
     return out
 
 
