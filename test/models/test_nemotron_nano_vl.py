@@ -10,10 +10,13 @@ logprobs are what the comparison rests on. Its Mamba2 layers run on the CPU rout
 (`runtime/mamba2.py`); its RADIO tower only in bfloat16 (`docs/cpu-runtime.md`).
 """
 
+from functools import partial
+
 import pytest
 
 from sglang_evs.testing.requests import flush_cache, generate, media_kwargs
 from sglang_evs.testing.server import HYBRID_CPU_SERVER_ARGS, Launch, running_servers
+from sglang_evs.testing.workload import side_by_side
 
 pytestmark = pytest.mark.slow  # three servers: the full suite only (see pyproject.toml)
 
@@ -44,16 +47,19 @@ def served(tiny_nemotron_vl_dir, media_dir, tmp_path_factory) -> dict:
         launches.append(Launch(tiny_nemotron_vl_dir, work / f"{name}.log", args, env))
     out = {}
     image, video = media_kwargs(images=[media_dir / "image.png"]), media_kwargs(videos=[media_dir / "moving.mp4"])
-    with running_servers(*launches) as servers:
-        for name, server in zip(SERVERS, servers, strict=True):
-            flush_cache(server.base_url)
-            out[name] = {
-                "text": generate(server.base_url, prompt(text="Count the objects."))[0],
-                "image": generate(server.base_url, prompt("<image>"), **image)[0],
-                "video": generate(server.base_url, prompt("<video>"), **video)[0],
-                "radix_repeat": generate(server.base_url, prompt("<video>"), **video)[0],
-            }
-            out[name]["log"] = server.log()
+
+    def serve(name: str, server) -> None:
+        flush_cache(server.base_url)
+        out[name] = {
+            "text": generate(server.base_url, prompt(text="Count the objects."))[0],
+            "image": generate(server.base_url, prompt("<image>"), **image)[0],
+            "video": generate(server.base_url, prompt("<video>"), **video)[0],
+            "radix_repeat": generate(server.base_url, prompt("<video>"), **video)[0],
+        }
+        out[name]["log"] = server.log()
+
+    with running_servers(*launches) as servers:  # each server its own stream of requests
+        side_by_side(*(partial(serve, name, server) for name, server in zip(SERVERS, servers, strict=True)))
     return out
 
 

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from sglang_evs import trace
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
 from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs, per_request_rate
 from sglang_evs.testing.server import Launch, free_port, running_servers
+from sglang_evs.testing.workload import side_by_side
 
 PROBE = Path(__file__).with_name("routine_probe.py")
 # Read off SGLang 0.5.23: the models the issue of "installed beside every model" names that stay upstream's:
@@ -222,12 +224,16 @@ def encoder_pairs(tiny_interns2_dir, media_dir, tmp_path_factory) -> dict:
     out: dict = {"trace": folder / "trace-on.jsonl"}
     with running_servers(*encoders, *languages) as servers:
         encoder_servers, language_servers = servers[:2], servers[2:]
-        for side, server in zip(envs, language_servers, strict=True):
+
+        def serve(side: str, server) -> None:
             out[side] = {
                 name: answer(server.base_url, *case) for name, case in encoder_path_requests(media_dir).items()
             }
             time.sleep(2)  # a scheduler that fails exits within a second (SIGQUIT to its server)
             out[side, "alive"] = server.alive()
+
+        # the two pairs, each its own stream of requests
+        side_by_side(*(partial(serve, side, server) for side, server in zip(envs, language_servers, strict=True)))
         pairs = zip(envs, encoder_servers, language_servers, strict=True)
         out["logs"] = {side: encoder.log() + language.log() for side, encoder, language in pairs}
     return out
