@@ -28,7 +28,8 @@ Encoder disaggregation (encoder servers prune, the language server lays out):
 Prefill/decode disaggregation (each server lays the prompt out itself):
   prefill_decode.py   the layout handshake: the prefill server sends its layout with the first token, the
                       decode server compares it with its own, the prefill server the decode's KV allocation;
-                      a request whose two layouts differ fails by name
+                      a request whose two layouts differ fails by name; and a room already cleared reads
+                      as failed (an SGLang race that ended a prefill server's transfer thread)
 
 The mechanism knows methods only through `methods.PruningMethod` (kept count before
 encoding, keep-mask after; under a budget or floor `methods.limited_count` / `methods.limited_mask`), and a
