@@ -142,3 +142,12 @@ def test_plugin_loaded_reads_the_announcement_line():
     log = "x\n[t] sglang-evs 0.1.0 plugin loaded (sglang 0.5.23, pid 1, in run_scheduler_process)\n"
     assert measure.plugin_loaded(log)
     assert not measure.plugin_loaded("Skipping plugin sglang_evs (not in SGLANG_PLUGINS)\nsglang-evs\nplugin loaded (")
+
+
+def test_bench_serving_in_process_reports_a_usage_error_as_the_command_would():
+    """An argument the command line refuses: its exit status and argparse's message come back, nothing is
+    raised, and this process's argv is as it was."""
+    argv = list(sys.argv)
+    status, printed = measure.bench_serving(["--backend", "sglang-oai-chat", "--num-prompts", "many"])
+    assert status == 2 and "--num-prompts: invalid int value: 'many'" in printed
+    assert sys.argv == argv

@@ -1,18 +1,21 @@
 """Measurements against a running server: sglang.bench_serving runs, timed requests, text prefills."""
 
+import contextlib
+import io
 import json
 import random
 import re
 import statistics
-import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 import requests
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs.bench.ratios import summarize_bench
 from sglang_evs.testing.requests import per_request_rate
 
@@ -31,26 +34,47 @@ def run_bench_serving(
     max_concurrency: int | None = 1,
     extra_args: Sequence[str] = (),
 ) -> dict:
-    """Run ``python -m sglang.bench_serving`` and return its output record.
+    """Run SGLang's bench_serving command line (``python -m sglang.bench_serving ...``, in this process: see
+    `bench_serving`) and return its output record; what it printed goes to ``out_file`` with ``.log``.
 
     Its own warm-up is off: it would send the first dataset request, whose media would then be cached
     when that request is measured; call :func:`warm_up` (other media) first instead.
     """
     out_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat",
-           "--base-url", base_url, "--num-prompts", str(num_prompts), *dataset_args,
-           "--output-file", str(out_file), "--output-details", "--warmup-requests", "0", "--flush-cache",
-           "--seed", "0", *extra_args]  # fmt: skip
+    argv = ["--backend", "sglang-oai-chat", "--base-url", base_url, "--num-prompts", str(num_prompts),
+            *dataset_args, "--output-file", str(out_file), "--output-details", "--warmup-requests", "0",
+            "--flush-cache", "--seed", "0", *extra_args]  # fmt: skip
     if max_concurrency:
-        cmd += ["--max-concurrency", str(max_concurrency)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    out_file.with_suffix(".log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0 or not out_file.exists():
-        raise RuntimeError(f"bench_serving failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        argv += ["--max-concurrency", str(max_concurrency)]
+    status, printed = bench_serving(argv)
+    out_file.with_suffix(".log").write_text(printed)
+    if status != 0 or not out_file.exists():
+        raise RuntimeError(f"bench_serving failed ({status}):\n{printed[-3000:]}")
     record = json.loads(out_file.read_text().splitlines()[-1])
     if record["completed"] < num_prompts:
         raise RuntimeError(f"bench_serving: {record['completed']}/{num_prompts} completed: {record['errors']}")
     return record
+
+
+def bench_serving(argv: Sequence[str]) -> tuple[int, str]:
+    """SGLang's bench_serving command line with `argv`, run in this process: its exit status and what it printed.
+    In-process because importing it costs each run about 7 s of CPU (SGLang's package import), more than a
+    short run takes; its requests, its client and the record it writes are the command's."""
+    cli_main = sglang.resolve("bench_serving_cli")
+    printed, saved_argv = io.StringIO(), sys.argv
+    sys.argv = ["sglang.bench_serving", *argv]
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            cli_main()
+        status = 0
+    except SystemExit as exit_:  # argparse's usage errors, and anything that exits as the command would
+        status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    except Exception:  # noqa: BLE001 - reported as the command's failure, with its traceback
+        printed.write(traceback.format_exc())
+        status = 1
+    finally:
+        sys.argv = saved_argv
+    return status, printed.getvalue()
 
 
 def video_bench(

@@ -1,7 +1,8 @@
 """Pruning serving benchmarks: TTFT and prompt tokens vs rate per method, load, and plugin overhead.
 
 Driven by ``benchmark/evs_sweep.py`` (the CLI). Each measurement launches a server
-(``launch.serving``) and runs ``sglang.bench_serving`` against it as a subprocess, reading its
+(``launch.serving``) and runs SGLang's bench_serving command line against it (in this process,
+``measure.bench_serving``), reading its
 ``--output-file`` JSONL (one JSON object per run; with ``--output-details`` it also holds the
 per-request ``input_lens`` = the server-reported ``usage.prompt_tokens``, and ``ttfts`` in s).
 
