@@ -33,7 +33,7 @@ from sglang_evs.testing.requests import (
     per_request_rate,
     pruning_setting,
 )
-from sglang_evs.testing.server import Launch, run_to_exit, running_server, running_servers
+from sglang_evs.testing.server import Launch, free_port, local_url, run_to_exit, running_servers
 from sglang_evs.testing.workload import send_alone, send_together, side_by_side
 
 pytestmark = pytest.mark.slow
@@ -114,59 +114,60 @@ def served(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("epd")
     traces = [folder / "encoder1.jsonl", folder / "encoder2.jsonl"]
     language_trace = folder / "language.jsonl"
+    ports = [free_port() for _ in traces]  # the language server is told its encoders' addresses: all start at once
     encoders = [Launch(tiny_model_dir, folder / f"encoder{i + 1}.log", [*SERVER_ARGS, "--encoder-only"],
-                       {trace.ENV: str(path)}) for i, path in enumerate(traces)]  # fmt: skip
+                       {trace.ENV: str(traces[i])}, port=port) for i, port in enumerate(ports)]  # fmt: skip
+    language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", *map(local_url, ports),
+                     "--chunked-prefill-size", str(CHUNK),
+                     "--json-model-override-args", json.dumps(pruning_setting(LANGUAGE_DEFAULT))]  # fmt: skip
+    language_launch = Launch(tiny_model_dir, folder / "language.log", language_args, {trace.ENV: str(language_trace)},
+                             graph_mode=True)  # fmt: skip
     out: dict = {"pair": {}, "single": {}, "traces": traces}
     all_cases = cases(files)
-    with running_servers(*encoders) as (encoder1, encoder2):
-        language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", encoder1.base_url, encoder2.base_url,
-                         "--chunked-prefill-size", str(CHUNK),
-                         "--json-model-override-args", json.dumps(pruning_setting(LANGUAGE_DEFAULT))]  # fmt: skip
-        with running_server(tiny_model_dir, folder / "language.log", language_args,
-                            {trace.ENV: str(language_trace)}, graph_mode=True) as language:  # fmt: skip
-            compared = [(name, setting) for name in all_cases for setting in SETTINGS
-                        if name != "image" or setting == "q=0"]  # fmt: skip
+    with running_servers(*encoders, language_launch) as (encoder1, encoder2, language):
+        compared = [(name, setting) for name in all_cases for setting in SETTINGS
+                    if name != "image" or setting == "q=0"]  # fmt: skip
 
-            def on_pair() -> None:
-                for name, setting in compared:
-                    out["pair"][name, setting] = ask(language.base_url, all_cases[name], SETTINGS[setting])
-                    if (name, setting) == ("video", "evs q=0.75"):
-                        out["radix_repeat"] = ask(language.base_url, all_cases[name], SETTINGS[setting])
-                out["default"] = ask(language.base_url, all_cases["video"], {})  # the language server's default
+        def on_pair() -> None:
+            for name, setting in compared:
+                out["pair"][name, setting] = ask(language.base_url, all_cases[name], SETTINGS[setting])
+                if (name, setting) == ("video", "evs q=0.75"):
+                    out["radix_repeat"] = ask(language.base_url, all_cases[name], SETTINGS[setting])
+            out["default"] = ask(language.base_url, all_cases["video"], {})  # the language server's default
 
-            def on_single() -> None:
-                for name, setting in compared:
-                    out["single"][name, setting] = ask(tiny_server.base_url, all_cases[name], SETTINGS[setting])
-                out["mixed_alone"] = send_alone(tiny_server.base_url, mixed(files))
+        def on_single() -> None:
+            for name, setting in compared:
+                out["single"][name, setting] = ask(tiny_server.base_url, all_cases[name], SETTINGS[setting])
+            out["mixed_alone"] = send_alone(tiny_server.base_url, mixed(files))
 
-            side_by_side(on_pair, on_single)  # the pair and the single server, each its own stream of requests
-            out["mixed_together"], out["mixed_prefill"] = send_together(language.base_url, mixed(files), language_trace)
+        side_by_side(on_pair, on_single)  # the pair and the single server, each its own stream of requests
+        out["mixed_together"], out["mixed_prefill"] = send_together(language.base_url, mixed(files), language_trace)
 
-            sent_before = [len(trace.read(path, "encoder_sent")) for path in traces]
-            unseen = (chat_prompt(VIDEO), media_kwargs(videos=[files["unseen"]]))
-            out["unseen"] = {q: ask(language.base_url, unseen, per_request_rate(q)) for q in (0.0, 0.75)}
-            sent = [event for path, before in zip(traces, sent_before, strict=True)
-                    for event in trace.read(path, "encoder_sent")[before:]]  # fmt: skip
-            out["unseen_sent"] = sorted(sent, key=lambda event: event["rows"], reverse=True)
-            out["bad"] = requests.post(
-                f"{language.base_url}/generate",
-                json={"text": chat_prompt(VIDEO), "video_data": [str(files["moving"])], **per_request_rate(1.5),
-                      "sampling_params": {"max_new_tokens": 2}},
-                timeout=120,
-            )  # fmt: skip
-            out["after_bad"] = ask(language.base_url, all_cases["video"], SETTINGS["evs q=0.75"])
+        sent_before = [len(trace.read(path, "encoder_sent")) for path in traces]
+        unseen = (chat_prompt(VIDEO), media_kwargs(videos=[files["unseen"]]))
+        out["unseen"] = {q: ask(language.base_url, unseen, per_request_rate(q)) for q in (0.0, 0.75)}
+        sent = [event for path, before in zip(traces, sent_before, strict=True)
+                for event in trace.read(path, "encoder_sent")[before:]]  # fmt: skip
+        out["unseen_sent"] = sorted(sent, key=lambda event: event["rows"], reverse=True)
+        out["bad"] = requests.post(
+            f"{language.base_url}/generate",
+            json={"text": chat_prompt(VIDEO), "video_data": [str(files["moving"])], **per_request_rate(1.5),
+                  "sampling_params": {"max_new_tokens": 2}},
+            timeout=120,
+        )  # fmt: skip
+        out["after_bad"] = ask(language.base_url, all_cases["video"], SETTINGS["evs q=0.75"])
 
-            with ThreadPoolExecutor(len(files["burst"])) as pool:
-                encoded_before = len(trace.read(traces[1], "encoder_pruned"))
-                burst = [pool.submit(burst_one, language.base_url, clip) for clip in files["burst"]]
-                deadline = time.monotonic() + 30  # killed once it has encoded one: the rest are in flight
-                while len(trace.read(traces[1], "encoder_pruned")) == encoded_before and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                os.killpg(os.getpgid(encoder2.process.pid), signal.SIGKILL)
-                out["burst"] = [future.result(timeout=300) for future in burst]
-            out["language_alive"] = language.alive()
-            out["replays"] = trace.read(language_trace, "graph_replay")
-            out["text_after"] = generate(language.base_url, chat_prompt(text="Count to five."))[0]
+        with ThreadPoolExecutor(len(files["burst"])) as pool:
+            encoded_before = len(trace.read(traces[1], "encoder_pruned"))
+            burst = [pool.submit(burst_one, language.base_url, clip) for clip in files["burst"]]
+            deadline = time.monotonic() + 30  # killed once it has encoded one: the rest are in flight
+            while len(trace.read(traces[1], "encoder_pruned")) == encoded_before and time.monotonic() < deadline:
+                time.sleep(0.02)
+            os.killpg(os.getpgid(encoder2.process.pid), signal.SIGKILL)
+            out["burst"] = [future.result(timeout=300) for future in burst]
+        out["language_alive"] = language.alive()
+        out["replays"] = trace.read(language_trace, "graph_replay")
+        out["text_after"] = generate(language.base_url, chat_prompt(text="Count to five."))[0]
     return out
 
 
@@ -253,23 +254,26 @@ def without_plugin(tiny_model_dir, tiny_server, files, tmp_path_factory) -> dict
     """A language server with the plugin (EVS .5 by default) whose one encoder server runs without it."""
     folder = tmp_path_factory.mktemp("epd_mixed_fleet")
     upstream = {"SGLANG_PLUGINS": "none"}  # SGLang loads no plugin in this server
-    encoder = Launch(tiny_model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only"], upstream)
+    port = free_port()
+    encoder = Launch(tiny_model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only"], upstream, port=port)
+    language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", local_url(port),
+                     "--json-model-override-args", json.dumps(pruning_setting(LANGUAGE_DEFAULT))]  # fmt: skip
     video = cases(files)["video"]
     out: dict = {}
-    with running_servers(encoder) as (upstream_encoder,):
-        language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", upstream_encoder.base_url,
-                         "--json-model-override-args", json.dumps(pruning_setting(LANGUAGE_DEFAULT))]  # fmt: skip
-        with running_server(tiny_model_dir, folder / "language.log", language_args) as language:
-            out["encoder"] = upstream_encoder.base_url
-            for name, setting in (("default", {}), ("q=0.75", SETTINGS["evs q=0.75"])):
-                out[name] = requests.post(
-                    f"{language.base_url}/generate",
-                    json={"text": video[0], **video[1], **setting, "sampling_params": {"max_new_tokens": 2}},
-                    timeout=120,
-                )
-            out["q=0"] = ask(language.base_url, video, SETTINGS["q=0"])
-            out["single q=0"] = ask(tiny_server.base_url, video, SETTINGS["q=0"])
-            out["text_after"] = generate(language.base_url, chat_prompt(text="Count to five."))[0]
+    with running_servers(encoder, Launch(tiny_model_dir, folder / "language.log", language_args)) as (
+        upstream_encoder,
+        language,
+    ):
+        out["encoder"] = upstream_encoder.base_url
+        for name, setting in (("default", {}), ("q=0.75", SETTINGS["evs q=0.75"])):
+            out[name] = requests.post(
+                f"{language.base_url}/generate",
+                json={"text": video[0], **video[1], **setting, "sampling_params": {"max_new_tokens": 2}},
+                timeout=120,
+            )
+        out["q=0"] = ask(language.base_url, video, SETTINGS["q=0"])
+        out["single q=0"] = ask(tiny_server.base_url, video, SETTINGS["q=0"])
+        out["text_after"] = generate(language.base_url, chat_prompt(text="Count to five."))[0]
     return out
 
 
@@ -310,19 +314,20 @@ def pair_layout(request, files, tmp_path_factory) -> dict:
     checkpoint, encoder_args, env = PAIR_LAYOUTS[request.param]
     model_dir = request.getfixturevalue(checkpoint)
     folder = tmp_path_factory.mktemp(f"epd_{request.param}")
-    encoder = Launch(model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only", *encoder_args], env)
+    port = free_port()
+    encoder = Launch(model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only", *encoder_args], env, port=port)
     single = Launch(model_dir, folder / "single.log", SERVER_ARGS, env)
+    language = Launch(model_dir, folder / "language.log", [*SERVER_ARGS, "--language-only", "--encoder-urls",
+                                                           local_url(port)], env)  # fmt: skip
     all_cases, out = cases(files), {}
-    with running_servers(encoder, single) as (encoder_server, single_server):
-        language_args = [*SERVER_ARGS, "--language-only", "--encoder-urls", encoder_server.base_url]
-        with running_server(model_dir, folder / "language.log", language_args, env) as language:
+    with running_servers(encoder, single, language) as (encoder_server, single_server, language):
 
-            def serve(url: str) -> list[Generation]:
-                return [ask(url, all_cases[case], SETTINGS[setting]) for case, setting in LAYOUT_REQUESTS]
+        def serve(url: str) -> list[Generation]:
+            return [ask(url, all_cases[case], SETTINGS[setting]) for case, setting in LAYOUT_REQUESTS]
 
-            # the pair and the single server, each its own stream of requests
-            out["pair"], out["single"] = side_by_side(lambda: serve(language.base_url),
-                                                      lambda: serve(single_server.base_url))  # fmt: skip
+        # the pair and the single server, each its own stream of requests
+        out["pair"], out["single"] = side_by_side(lambda: serve(language.base_url),
+                                                  lambda: serve(single_server.base_url))  # fmt: skip
         if "--enable-metrics" in encoder_args:
             metrics = requests.get(f"{encoder_server.base_url}/metrics", timeout=30).text
             out["video_cache_hit_tokens"] = sum(

@@ -87,6 +87,7 @@ from sglang_evs.testing.server import (
     Launch,
     RunningServer,
     free_port,
+    local_url,
     mooncake_missing,
     pd_decode_launch,
     pd_launches,
@@ -209,7 +210,7 @@ def epd_launches(model, folder: Path, args: list[str], encoder_trace: Path) -> t
     encoder_port = free_port()
     encoder = Launch(model, folder / "encoder.log", ["--dtype", "float32", "--encoder-only"],
                      {trace.ENV: str(encoder_trace)}, port=encoder_port)  # fmt: skip
-    language_args = [*args, "--language-only", "--encoder-urls", f"http://127.0.0.1:{encoder_port}",
+    language_args = [*args, "--language-only", "--encoder-urls", local_url(encoder_port),
                      "--encoder-bootstrap-port", str(free_port())]  # fmt: skip
     (folder / "epd").mkdir()
     pd = pd_launches(model, folder / "epd", language_args, {"SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL": "0"})

@@ -34,7 +34,7 @@ import requests
 from sglang_evs import trace
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
 from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs, per_request_rate
-from sglang_evs.testing.server import Launch, free_port, running_servers
+from sglang_evs.testing.server import Launch, free_port, local_url, running_servers
 from sglang_evs.testing.workload import side_by_side
 
 PROBE = Path(__file__).with_name("routine_probe.py")
@@ -219,7 +219,7 @@ def encoder_pairs(tiny_interns2_dir, media_dir, tmp_path_factory) -> dict:
     encoders = [Launch(tiny_interns2_dir, folder / f"encoder-{side}.log", [*args, "--encoder-only"], env,
                        port=ports[side]) for side, env in envs.items()]  # fmt: skip
     languages = [Launch(tiny_interns2_dir, folder / f"language-{side}.log",
-                        [*args, "--language-only", "--encoder-urls", f"http://127.0.0.1:{ports[side]}"], env)
+                        [*args, "--language-only", "--encoder-urls", local_url(ports[side])], env)
                  for side, env in envs.items()]  # fmt: skip
     out: dict = {"trace": folder / "trace-on.jsonl"}
     with running_servers(*encoders, *languages) as servers:

@@ -114,6 +114,11 @@ PORT_WINDOW = range(12000, 22000)
 _ports_given: set[int] = set()
 
 
+def local_url(port: int) -> str:
+    """The address of this machine's server at `port`."""
+    return f"http://127.0.0.1:{port}"
+
+
 def free_port() -> int:
     """A port that is free now and outside the ranges other processes pick from at random."""
     for port in random.sample(PORT_WINDOW, 256):
@@ -318,7 +323,7 @@ def running_servers(*launches: Launch, timeout: float = 240) -> Iterator[list[Ru
 
     def wait(index: int) -> RunningServer:
         launch, process = launches[index], processes[index]
-        base_url = f"http://127.0.0.1:{process.port}"  # type: ignore[attr-defined]
+        base_url = local_url(process.port)  # type: ignore[attr-defined]
         encoder_only = "--encoder-only" in launch.extra_args
         wait_healthy(
             base_url, process, Path(launch.log_path), timeout, encoder_only, tokenizer_workers(launch.extra_args)
