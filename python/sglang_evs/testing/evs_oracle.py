@@ -49,7 +49,11 @@ def keep_mask(video_embeds: torch.Tensor, grid_thw: Sequence[int], spatial_merge
 def limited_kept_count(tokens_per_group: int, num_groups: int, q: float, budget: int = 0, floor: int = 0) -> int:
     """The count under a token budget and a per-group floor (0: off), restated: the rate's count, capped by
     the budget, then raised to ``min(floor, tpf)`` per group."""
-    count = kept_count(tokens_per_group, num_groups, q)
+    return capped_then_raised(kept_count(tokens_per_group, num_groups, q), tokens_per_group, num_groups, budget, floor)
+
+
+def capped_then_raised(count: int, tokens_per_group: int, num_groups: int, budget: int = 0, floor: int = 0) -> int:
+    """``count`` capped by the budget, then raised to ``min(floor, tpf)`` per group (0: off)."""
     count = min(count, budget) if budget else count
     return max(count, min(floor, tokens_per_group) * num_groups) if floor else count
 
@@ -80,8 +84,7 @@ def threshold_keep_mask(video_embeds: torch.Tensor, grid_thw: Sequence[int], spa
     tpf = (hh // spatial_merge_size) * (ww // spatial_merge_size)
     s = scores(video_embeds, (t, hh, ww), spatial_merge_size)
     over = [i for i, score in enumerate(s) if i < tpf or not score <= threshold]
-    count = min(len(over), budget) if budget else len(over)
-    count = max(count, min(floor, tpf) * t) if floor else count
+    count = capped_then_raised(len(over), tpf, t, budget, floor)
     if count == len(over) and not floor:
         mask = torch.zeros(t * tpf, dtype=torch.bool)
         mask[over] = True
