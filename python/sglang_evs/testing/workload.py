@@ -233,8 +233,9 @@ def send_together(
         before, arrived = len(trace.read(trace_path, "embed_routine")), arrivals(trace_path)
 
         def met(before: int = before, arrived: int = arrived) -> bool:
-            forwards = trace.read(trace_path, "embed_routine")[before:]
-            return all_arrived(trace_path, arrived, len(cases)) or any(e["media_requests"] >= 2 for e in forwards)
+            if all_arrived(trace_path, arrived, len(cases)):
+                return True
+            return any(e["media_requests"] >= 2 for e in trace.read(trace_path, "embed_routine")[before:])
 
         replies = sent_while_held(base_url, send, cases, met)
         batched = prefilled_together(trace_path, before, replies)
