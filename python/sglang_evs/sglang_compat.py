@@ -38,6 +38,8 @@ INTERNALS: dict[str, str] = {
     "slice_model_data": "sglang.srt.managers.mm_utils:_slice_model_data",
     "mm_schedule": "sglang.srt.managers.mm_schedule:",
     "Modality": "sglang.srt.managers.schedule_batch:Modality",
+    # the base of a feature held in a GPU pool for another process to read (`--mm-feature-transport cuda_ipc`)
+    "DeviceFeatureHandle": "sglang.srt.multimodal.transport.memory_pool:StreamOrderedPoolConsumerMixin",
     # a request's multimodal inputs that failed: the scheduler aborts that request and serves on
     "MMInputsProcessError": "sglang.srt.managers.io_struct:MMInputsProcessError",
     "ForwardBatch": "sglang.srt.model_executor.forward_batch_info:ForwardBatch",
@@ -129,6 +131,8 @@ HOOK_TARGETS: dict[str, str] = {
     "import_processors": "sglang.srt.managers.multimodal_processor:import_processors",
     "compute_mm_token_counts": "sglang.srt.managers.schedule_batch:MultimodalInputs.compute_mm_token_counts",
     "handle_batch_output": "sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_batch_output",
+    # a media item's key (content hash, pad values), set where SGLang hashes it (pruning/keys.py)
+    "key_media_item": "sglang.srt.managers.schedule_batch:MultimodalDataItem.set_pad_value",
     # validation of the server arguments, in the launching process before any subprocess starts
     "check_server_args": "sglang.srt.server_args:ServerArgs.check_server_args",
     # an OpenAI chat request turned into a GenerateReqInput (the pruning setting in chat_template_kwargs)

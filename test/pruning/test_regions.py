@@ -15,7 +15,7 @@ class Item:
     def __init__(self, modality, offsets, grid=None, content=0):
         self.modality, self.offsets, self.model_specific_data = modality, offsets, {}
         self.video_grid_thw = grid
-        self.hash = None
+        self.hash = self.pad_value = self.feature = None
         self.content = content
 
     def is_video(self):

@@ -206,3 +206,19 @@ def test_sglang_layers_on_the_route_capture_and_replay_in_a_cuda_graph():
         expected = block(*fresh)
         for got, want in zip(outputs, expected, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_dense_mlps_take_sglangs_own_path_without_the_cute_dsl_dual_gemm(monkeypatch):
+    """Every dense MLP (Qwen3-VL's language model's) builds a `DualGemm`, whose mode probe on CUDA imports the
+    Blackwell-only CuTe DSL kernel and `cutlass`, which the route does not carry: the first serve on an H200 failed
+    there. On the route the probe answers "no mode" and imports nothing."""
+    import sglang.srt.layers.dual_gemm as dual_gemm
+
+    monkeypatch.setattr(dual_gemm.DualGemm, "_select_mode", dual_gemm.DualGemm._select_mode)  # restored after
+    monkeypatch.setattr(dual_gemm, "is_cuda", lambda: True)
+    monkeypatch.setitem(sys.modules, "cutlass", None)  # importing it raises, as on the GPU machine
+    gemm = object.__new__(dual_gemm.DualGemm)
+    with pytest.raises(ImportError):
+        gemm._select_mode(object(), 64)
+    gpu_route.AFTER_IMPORT["sglang.srt.layers.dual_gemm"](dual_gemm)
+    assert gemm._select_mode(object(), 64) is None

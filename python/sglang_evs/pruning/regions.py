@@ -36,12 +36,12 @@ from sglang_evs.pruning.fields import (
     TOKEN_BUDGET,
     VIDEO_TOKENS,
     VideoTokenCounts,
-    pruning_aware_hash,
     region_keep,
     region_span,
     video_grid,
     video_grids,
 )
+from sglang_evs.pruning.keys import is_device_handle, key_by_pruning
 from sglang_evs.pruning.settings import Pruning
 
 
@@ -56,6 +56,11 @@ def split_bundled_videos(items: list) -> list:
         if grids is None or len(grids) == 1:
             out.append(item)
             continue
+        if is_device_handle(item.feature):
+            raise ValueError(
+                f"cannot prune {len(grids)} videos of one request whose pixels the tokenizer holds as a device "
+                "handle: serve with --mm-feature-transport cpu, or send one video per request"
+            )
         if len(item.offsets) != len(grids) or not isinstance(item.feature, torch.Tensor):
             raise ValueError(f"cannot split a bundle of {len(grids)} videos with {len(item.offsets)} spans")
         bounds = [0, *torch.cumsum(grids.prod(dim=-1), 0).tolist()]
@@ -106,9 +111,7 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
         item.offsets = [(start, end - 1)]  # one span: the whole region, framing text between groups included
     delete_tokens(output, keep)
     for item in videos:
-        item.set_pad_value()  # content hash of the pixels, then folded with the method, rate and limits
-        limits = (pruning.token_budget, pruning.min_tokens_per_group)
-        item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, pruning.rate, *limits))
+        key_by_pruning(item, pruning.method.name, pruning.rate, pruning.token_budget, pruning.min_tokens_per_group)
     output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
     return stats
 
@@ -127,7 +130,6 @@ def mark_threshold_videos(output, pruning: Pruning, spatial_merge_size: int) -> 
         t, h, w = grid_tokens(video_grid(item), spatial_merge_size)
         tokens.append(t * h * w)
         item.set(THRESHOLD, {"threshold": pruning.threshold, **limits})
-        item.set_pad_value()
-        item.set_hash(pruning_aware_hash(item.hash, pruning.method.name, 0.0, **limits, threshold=pruning.threshold))
+        key_by_pruning(item, pruning.method.name, 0.0, **limits, threshold=pruning.threshold)
     output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
     return tokens

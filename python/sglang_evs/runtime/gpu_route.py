@@ -10,7 +10,7 @@ when `SGLANG_EVS_GPU_ROUTE=1`, the CPU engine is off and no real `sgl_kernel` is
   a JIT-compiled (nvcc) kernel or an `sgl_kernel` op through them;
 - refuses every JIT (nvcc) kernel build, and answers "no" to the JIT probes SGLang makes on every call on this
   path (the KV-cache store, the q/k norms, the gated activations' vector path): SGLang's torch or Triton code
-  then runs instead (`AFTER_IMPORT`).
+  then runs instead, and never builds the Blackwell-only CuTe DSL dual GEMM (`AFTER_IMPORT`).
 
 flashinfer is never provided: with it absent, `is_flashinfer_available()` is False and SGLang's lazy
 imports of it are never resolved on this path. The server flags the route serves with are `SERVER_ARGS`.
@@ -157,12 +157,24 @@ def _gated_activations_without_jit(module: ModuleType) -> None:
     module._jit_act_supported = jit_act_supported
 
 
+def _dense_mlp_without_dual_gemm(module: ModuleType) -> None:
+    """`sglang.srt.layers.dual_gemm`: every dense MLP (Qwen2/Qwen3's included) builds a `DualGemm`, whose mode
+    probe imports SGLang's CuTe DSL kernel on CUDA, and with it `cutlass` (nvidia-cutlass-dsl, not carried: the
+    kernel is Blackwell's tcgen05 only). No mode means SGLang's own gate/up projection and activation run."""
+
+    def select_no_mode(self, gate_up_proj, hidden_size: int) -> None:
+        return None
+
+    module.DualGemm._select_mode = select_no_mode
+
+
 # Fixes applied to a module right after it executed, before the module importing it reads its names.
 AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "sglang.kernels.jit.utils.compile.loader": _refuse_jit_builds,
     "sglang.kernels.ops.kvcache.kvcache": _store_cache_by_indexing,
     "sglang.kernels.ops.layernorm.norm": _qk_norm_without_jit,
     "sglang.srt.layers.activation": _gated_activations_without_jit,
+    "sglang.srt.layers.dual_gemm": _dense_mlp_without_dual_gemm,
 }
 
 

@@ -41,6 +41,7 @@ SERVER_MODULES: tuple[str, ...] = (
     "sglang.srt.layers.layernorm",
     "sglang.srt.layers.activation",
     "sglang.srt.layers.linear",
+    "sglang.srt.layers.dual_gemm",
     "sglang.srt.layers.vocab_parallel_embedding",
     "sglang.srt.layers.rotary_embedding",
     "sglang.srt.layers.radix_attention",
