@@ -96,6 +96,8 @@ class PrunedVideos:
         on the CPU; rank 0's at every rank), by `methods.threshold_limited_mask` on the tower's rows, whose
         kept rows are set aside for the video's first forward."""
         setting = item.model_specific_data[THRESHOLD]
+        if item.hash is None:  # pixels handed over as a device handle: keyed here, as SGLang keys it later (keys.py)
+            item.set_pad_value()
         rows = self._timed_encode([on_device(item, self.embed_tokens.weight.device)])
         mask = threshold_limited_mask(
             rows, video_grid(item), self.spatial_merge_size, setting["threshold"],
