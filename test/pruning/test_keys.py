@@ -51,7 +51,9 @@ def test_a_device_handle_is_left_unread_and_keyed_where_the_scheduler_hashes_it_
     handed = video(DeviceHandle())
     keys.key_by_pruning(handed, **FOLD)
     assert handed.hash is None and handed.pad_value is None
-    assert handed.model_specific_data[DEFERRED_KEY]["pruning_rate"] == 0.5
+    assert handed.model_specific_data[DEFERRED_KEY]["fold"]["pruning_rate"] == 0.5
+    keys.fold_deferred_key(MultimodalDataItem.set_pad_value, handed)  # the exporting process never reads it
+    assert handed.hash is None and handed.pad_value is None
     scheduler_reads(handed, pixels.clone())
     assert handed.hash == in_tokenizer.hash and handed.pad_values == in_tokenizer.pad_values
     assert DEFERRED_KEY not in handed.model_specific_data
@@ -90,7 +92,7 @@ def test_a_prompt_with_a_handed_video_leaves_its_padding_to_the_scheduler():
     (counts,) = regions.prune_video_regions(output, Pruning(EVS, 0.5), spatial_merge_size=1, video_token_id=pad)
     assert (counts.before, counts.after) == (8, 4) and len(output.input_ids) == len(ids) - 4
     assert output.padded_input_ids is None and item.pad_value is None
-    assert item.model_specific_data[DEFERRED_KEY]["method"] == EVS.name
+    assert item.model_specific_data[DEFERRED_KEY]["fold"]["method"] == EVS.name
 
 
 def test_a_bundle_of_handed_videos_is_refused_by_name():

@@ -9,6 +9,8 @@ context", seen on an H200) and would use up the scheduler's one read. There the 
 padded ids are then SGLang's to build in the scheduler, from the same spans.
 """
 
+import os
+
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.pruning.fields import DEFERRED_KEY, pruning_aware_hash
 
@@ -34,7 +36,7 @@ def key_by_pruning(
         "min_tokens_per_group": min_tokens_per_group, "threshold": threshold,
     }  # fmt: skip
     if item.hash is None and item.pad_value is None and is_device_handle(item.feature):
-        item.set(DEFERRED_KEY, fold)
+        item.set(DEFERRED_KEY, {"fold": fold, "exporter_pid": os.getpid()})
         return
     item.set_pad_value()
     item.set_hash(pruning_aware_hash(item.hash, **fold))
@@ -42,10 +44,16 @@ def key_by_pruning(
 
 def fold_deferred_key(original, item, *args, **kwargs):
     """AROUND hook on `MultimodalDataItem.set_pad_value`: SGLang hashes the item's content as it always does;
-    an item whose fold was deferred (`key_by_pruning`) then gets its pruning-aware key, once. Every other item,
-    of any model, is SGLang's alone."""
+    an item whose fold was deferred (`key_by_pruning`) then gets its pruning-aware key, once. The process that
+    exported its handle leaves it unkeyed (SGLang's tokenizer hashes items itself where asked to,
+    `SGLANG_MM_PRECOMPUTE_HASH`). Every other item, of any model, is SGLang's alone."""
+    deferred = item.model_specific_data.get(DEFERRED_KEY)
+    if deferred is None:
+        return original(item, *args, **kwargs)
+    if deferred["exporter_pid"] == os.getpid() and is_device_handle(item.feature):
+        return None
     result = original(item, *args, **kwargs)
-    fold = item.model_specific_data.pop(DEFERRED_KEY, None) if item.hash is not None else None
-    if fold is not None:
-        item.set_hash(pruning_aware_hash(item.hash, **fold))
+    if item.hash is not None:
+        del item.model_specific_data[DEFERRED_KEY]
+        item.set_hash(pruning_aware_hash(item.hash, **deferred["fold"]))
     return result
