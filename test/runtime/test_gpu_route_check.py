@@ -1,7 +1,9 @@
 """The GPU route's import check: SGLang's Qwen3-VL CUDA server path imports through the route's `sgl_kernel` with
 `is_cuda()` true, on this CPU machine, and SGLang's platform helpers are themselves again afterwards."""
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +55,30 @@ def test_the_cuda_server_path_imports_with_every_sgl_kernel_name_resolved():
     assert statuses["sgl_kernel.scalar_type"].startswith("absent, expected")
     assert "ABSENT" not in statuses.values()
     assert all(f"{name}: fixed after import" in lines for name in gpu_route.AFTER_IMPORT)
+    lazy = [line for line in lines if line.startswith("lazy import ")]
+    assert lazy and not any("UNRESOLVED" in line for line in lazy)
+    assert any(line.startswith("lazy import sglang.kernels.ops.gemm.cutedsl_dual_gemm: not reached") for line in lazy)
+
+
+def test_a_function_level_import_of_the_model_path_that_does_not_resolve_fails_unless_known_unreached(
+    tmp_path, monkeypatch
+):
+    """The class of fault the first serve on an H200 met (a model constructor importing a package the route
+    lacks), found on CPU: each import inside a function of the model path is tried, and one that fails is
+    named with why no server on the route reaches it, or left unexplained (the check then fails)."""
+    source = tmp_path / "fake_model_layer.py"
+    source.write_text(
+        "import os\n"
+        "def build():\n    import json\n    from evs_absent_kernels.gemm import fused\n"
+        "def on_amd():\n    import aiter\n"
+    )
+    spec = importlib.util.spec_from_file_location("fake_model_layer", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "fake_model_layer", module)
+    monkeypatch.setattr(gpu_route_check, "MODEL_PATH", re.compile(r"fake_model_layer$"))
+    assert gpu_route_check.lazy_imports(module) == {"json": 3, "evs_absent_kernels.gemm": 4, "aiter": 6}
+    assert gpu_route_check.unresolved_lazy_imports() == [
+        ("fake_model_layer:4", "evs_absent_kernels.gemm", ""),
+        ("fake_model_layer:6", "aiter", gpu_route_check.UNREACHED_BY_PACKAGE["aiter"]),
+    ]

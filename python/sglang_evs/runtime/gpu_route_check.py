@@ -2,16 +2,23 @@
 
 With the route's hook installed (`gpu_route`) and SGLang's platform helpers answering as a CUDA device while
 they import (`cuda_at_import`), it imports every module of the Qwen3-VL CUDA server path (`SERVER_MODULES`)
-and prints each `sgl_kernel` and flashinfer name SGLang asked for, which module asked, and how it resolved.
+and prints each `sgl_kernel` and flashinfer name SGLang asked for, which module asked, and how it resolved; then
+each import the model path makes inside a function (at model construction or in a forward) that does not resolve,
+and why no server on the route reaches it (`UNREACHED_BY_PACKAGE`, `UNREACHED_BY_ASKER`): any other fails the check.
 Nothing runs on a device: this proves the imports, not the kernels.
 """
 
+import ast
 import contextlib
 import functools
 import importlib
+import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 
 from sglang_evs.runtime.gpu_route import AFTER_IMPORT, APPLIED, ASKED, install
 
@@ -71,6 +78,68 @@ EXPECTED_ABSENT: dict[str, str] = {
     "sgl_kernel.kvcacheio.transfer_embedding_ranges_direct": "embedding_cache_controller.py (encoder disaggregation) "
     "catches the ImportError",
 }
+
+
+# The modules that build and run the Qwen3-VL model on this path (matched against every module the check imported).
+# Their function-level imports run at model construction or in a forward, which importing them does not reach:
+# the first serve on an H200 failed on one (`DualGemm`'s probe of a CuTe DSL kernel, which needs `cutlass`).
+MODEL_PATH = re.compile(
+    r"sglang\.srt\.(models\.(qwen2|qwen3|qwen3_vl)$|layers\.(?!moe|quantization|attention\.(?!triton_backend$|vision$"
+    r"|attention_registry$))|model_executor\.|distributed\.parallel_state$|mem_cache\.(memory_pool|radix_cache|"
+    r"allocation)$|managers\.(mm_utils|schedule_batch|scheduler)$)"
+)
+# Function-level imports of the model path that do not resolve on this route, and why no Qwen3-VL server on the
+# route runs them: by the package the import lacks, else by the module that asks.
+UNREACHED_BY_PACKAGE: dict[str, str] = {
+    "aiter": "AMD ROCm kernels", "torch_npu": "Ascend NPUs", "sgl_kernel_npu": "Ascend NPUs", "mlx": "Apple MLX",
+    "mindspore": "the MindSpore runner", "flash_attn_interface": "Moore Threads (MUSA) attention",
+    "flashinfer": "absent by design: SERVER_ARGS choose backends without it", "flash_mla": "MLA models' attention",
+    "deep_gemm": "FP8 models' DeepGEMM", "ray": "Ray launches", "vllm": "vLLM interoperation",
+    "msprobe": "Ascend's precision debugger", "xielu": "the xIELU activation (Apertus)",
+    "sgl_kernel": "attention backends SERVER_ARGS do not choose (FlashAttention, MiniCPM, XPU): sgl_kernel's kernels",
+}  # fmt: skip
+UNREACHED_BY_ASKER: dict[str, str] = {
+    "sglang.srt.layers.dual_gemm": "DualGemm's mode probe, answered by the route (AFTER_IMPORT) before it imports",
+    "sglang.srt.layers.attention.triton_backend": "the dLLM FlashAttention-4 path (--dllm-algorithm only)",
+    "sglang.srt.model_executor.model_runner": "MoE DWDP (--dwdp-size > 1 only)",
+    "sglang.srt.model_executor.model_runner_components.weight_updater": "checkpoint-engine weight updates",
+    "sglang.srt.distributed.parallel_state": "Mooncake process groups (elastic expert parallelism)",
+}
+
+
+def lazy_imports(module: ModuleType) -> dict[str, int]:
+    """The absolute module names `module` imports inside its functions -> the first line that does."""
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.ImportFrom) and inner.module:
+                name = importlib.util.resolve_name("." * inner.level + inner.module, module.__package__)
+                found.setdefault(name, inner.lineno)
+            elif isinstance(inner, ast.Import):
+                for alias in inner.names:
+                    found.setdefault(alias.name, inner.lineno)
+    return found
+
+
+def unresolved_lazy_imports() -> list[tuple[str, str, str]]:
+    """(asker:line, imported module, why it is not reached, or "") for each function-level import of the model
+    path's modules (`MODEL_PATH`, among those imported) that fails to import here as on CUDA."""
+    askers = sorted(
+        name for name in sys.modules if MODEL_PATH.match(name) and getattr(sys.modules[name], "__file__", None)
+    )
+    unresolved = []
+    with cuda_at_import():
+        for asker in askers:
+            for name, line in lazy_imports(sys.modules[asker]).items():
+                try:
+                    importlib.import_module(name)
+                except Exception as error:  # noqa: BLE001 - each one is classified, not raised
+                    package = (getattr(error, "name", None) or "").split(".")[0]
+                    why = UNREACHED_BY_PACKAGE.get(package) or UNREACHED_BY_ASKER.get(asker, "")
+                    unresolved.append((f"{asker}:{line}", name, why))
+    return unresolved
 
 
 @contextlib.contextmanager
@@ -168,6 +237,10 @@ def check(modules: Sequence[str] = SERVER_MODULES) -> int:
         print(f"{name}: {status}  <- {askers}")
         if status == "ABSENT":
             bad.append(f"{name} asked by {askers} and not provided")
+    for asker, name, why in unresolved_lazy_imports():
+        print(f"lazy import {name}: {'not reached: ' + why if why else 'UNRESOLVED'}  <- {asker}")
+        if not why:
+            bad.append(f"{name}, imported inside a function of {asker}, does not resolve on this route")
     for line in bad:
         print(f"FAILED {line}")
     return 1 if bad else 0
