@@ -1,9 +1,17 @@
 """A pruned video's cache key: set in the tokenizer where the pixels are readable there, folded where the scheduler
 hashes the item where the tokenizer holds only a device handle (SGLang's CUDA IPC feature transport)."""
 
+from array import array
+
 import pytest
 import torch
-from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem, MultimodalProcessorOutput
+from sglang.srt.managers.mm_utils import pad_mm_tokens
+from sglang.srt.managers.schedule_batch import (
+    Modality,
+    MultimodalDataItem,
+    MultimodalInputs,
+    MultimodalProcessorOutput,
+)
 from sglang.srt.multimodal.transport.memory_pool import StreamOrderedPoolConsumerMixin
 
 from sglang_evs.methods import EVS
@@ -70,29 +78,38 @@ def test_any_other_item_is_keyed_by_sglang_alone():
     assert hooked.hash == upstream.hash and hooked.pad_values == upstream.pad_values
 
 
-class Output:
-    """The parts of SGLang's MultimodalProcessorOutput the rewrite touches, its padding SGLang's own."""
-
-    build_padded_input_ids = staticmethod(MultimodalProcessorOutput.build_padded_input_ids)
-
-    def __init__(self, ids, items):
-        self.input_ids, self.mm_items = ids, items
-        self.mrope_positions = torch.arange(3 * len(ids)).reshape(3, len(ids))
-        self.mrope_position_delta = torch.tensor([[0]])
-
-
-def test_a_prompt_with_a_handed_video_leaves_its_padding_to_the_scheduler():
-    """Qwen3-VL text | video (2 groups of 2x2 pads, m = 1) with its pixels handed over as a device handle."""
-    vs, ve, pad = 7, 8, 9
-    ids = [1, 2, 11, vs, pad, pad, pad, pad, ve, 12, vs, pad, pad, pad, pad, ve, 3]
+def pruned_prompt(feature) -> MultimodalProcessorOutput:
+    """Qwen3-VL text | video (2 groups of 2x2 pads, m = 1) | text, through the tokenizer-side rewrite at q = .5."""
+    vs, ve = 7, 8
+    ids = [1, 2, 11, vs, PAD, PAD, PAD, PAD, ve, 12, vs, PAD, PAD, PAD, PAD, ve, 3]
     item = MultimodalDataItem(modality=Modality.VIDEO, offsets=[(4, 7), (11, 14)])
-    item.feature = DeviceHandle()
+    item.feature = feature
     item.model_specific_data = {"video_grid_thw": torch.tensor([[2, 2, 2]])}
-    output = Output(ids, [item])
-    (counts,) = regions.prune_video_regions(output, Pruning(EVS, 0.5), spatial_merge_size=1, video_token_id=pad)
+    output = MultimodalProcessorOutput(mm_items=[item], input_ids=ids, video_token_id=PAD)
+    output.mrope_positions = torch.arange(3 * len(ids)).reshape(3, len(ids))
+    output.mrope_position_delta = torch.tensor([[0]])
+    (counts,) = regions.prune_video_regions(output, Pruning(EVS, 0.5), spatial_merge_size=1, video_token_id=PAD)
     assert (counts.before, counts.after) == (8, 4) and len(output.input_ids) == len(ids) - 4
-    assert output.padded_input_ids is None and item.pad_value is None
-    assert item.model_specific_data[DEFERRED_KEY]["fold"]["method"] == EVS.name
+    return output
+
+
+PAD = 9
+
+
+def test_a_handed_video_is_padded_and_keyed_by_the_scheduler_as_the_tokenizer_keys_a_readable_one(monkeypatch):
+    """The same pruned prompt two ways: pixels readable in the tokenizer (keyed and padded there), and pixels
+    handed over as a device handle (left to the scheduler: SGLang's `from_processor_output` with the plugin's
+    hook, then SGLang's padding). Same key, same padded prompt: the radix cache sees one prompt."""
+    pixels = torch.randn(8, 3)
+    readable, handed = pruned_prompt(pixels), pruned_prompt(DeviceHandle())
+    assert handed.padded_input_ids is None and handed.mm_items[0].pad_value is None
+    assert readable.padded_input_ids is not None
+    upstream = MultimodalDataItem.set_pad_value
+    monkeypatch.setattr(MultimodalDataItem, "set_pad_value", lambda item: keys.fold_deferred_key(upstream, item))
+    handed.mm_items[0].feature = pixels.clone()  # what SGLang's scheduler reads through the handle
+    scheduled = MultimodalInputs.from_processor_output(handed)
+    assert scheduled.mm_items[0].hash == readable.mm_items[0].hash
+    assert list(pad_mm_tokens(array("q", handed.input_ids), scheduled)) == readable.padded_input_ids
 
 
 def test_a_bundle_of_handed_videos_is_refused_by_name():
