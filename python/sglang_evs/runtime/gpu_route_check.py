@@ -96,6 +96,7 @@ UNREACHED_BY_PACKAGE: dict[str, str] = {
     "flashinfer": "absent by design: SERVER_ARGS choose backends without it", "flash_mla": "MLA models' attention",
     "deep_gemm": "FP8 models' DeepGEMM", "ray": "Ray launches", "vllm": "vLLM interoperation",
     "msprobe": "Ascend's precision debugger", "xielu": "the xIELU activation (Apertus)",
+    "mooncake": "Mooncake transfers (disaggregation, remote weight loading; not carried to the GPU machine)",
     "sgl_kernel": "attention backends SERVER_ARGS do not choose (FlashAttention, MiniCPM, XPU): sgl_kernel's kernels",
 }  # fmt: skip
 UNREACHED_BY_ASKER: dict[str, str] = {
