@@ -97,10 +97,11 @@ UNREACHED_BY_PACKAGE: dict[str, str] = {
     "deep_gemm": "FP8 models' DeepGEMM", "ray": "Ray launches", "vllm": "vLLM interoperation",
     "msprobe": "Ascend's precision debugger", "xielu": "the xIELU activation (Apertus)",
     "mooncake": "Mooncake transfers (disaggregation, remote weight loading; not carried to the GPU machine)",
-    "sgl_kernel": "attention backends SERVER_ARGS do not choose (FlashAttention, MiniCPM, XPU): sgl_kernel's kernels",
 }  # fmt: skip
 UNREACHED_BY_ASKER: dict[str, str] = {
     "sglang.srt.layers.dual_gemm": "DualGemm's mode probe, answered by the route (AFTER_IMPORT) before it imports",
+    "sglang.srt.layers.attention.attention_registry": "attention backends SERVER_ARGS do not choose (FlashAttention, "
+    "MiniCPM, XPU: sgl_kernel's kernels)",
     "sglang.srt.layers.attention.triton_backend": "the dLLM FlashAttention-4 path (--dllm-algorithm only)",
     "sglang.srt.model_executor.model_runner": "MoE DWDP (--dwdp-size > 1 only)",
     "sglang.srt.model_executor.model_runner_components.weight_updater": "checkpoint-engine weight updates",
