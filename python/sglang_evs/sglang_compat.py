@@ -133,6 +133,8 @@ HOOK_TARGETS: dict[str, str] = {
     "handle_batch_output": "sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_batch_output",
     # a media item's key (content hash, pad values), set where SGLang hashes it (pruning/keys.py)
     "key_media_item": "sglang.srt.managers.schedule_batch:MultimodalDataItem.set_pad_value",
+    # a request's media dropped by the scheduler (finished, aborted): the plugin's held encodings go with it
+    "release_media": "sglang.srt.managers.schedule_batch:MultimodalInputs.release_features",
     # validation of the server arguments, in the launching process before any subprocess starts
     "check_server_args": "sglang.srt.server_args:ServerArgs.check_server_args",
     # an OpenAI chat request turned into a GenerateReqInput (the pruning setting in chat_template_kwargs)

@@ -4,13 +4,20 @@ The server's default rate is 0.5; requests override it with
 `mm_processor_kwargs={"video_pruning_rate": q}`.
 """
 
+import functools
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import requests
 import torch
 
 from sglang_evs import trace
+from sglang_evs.pruning import holds
 from sglang_evs.testing import media
 from sglang_evs.testing.chunked import assert_chunks_equal, assert_media_prefills_and_decodes_replayed, served_in_chunks
 from sglang_evs.testing.compare import assert_same_greedy
@@ -36,13 +43,16 @@ from sglang_evs.testing.requests import (
     generate,
     logprob_gap,
     media_kwargs,
+    per_request_pruning,
     per_request_rate,
     pruning_metrics,
 )
 from sglang_evs.testing.server import running_server
-from sglang_evs.testing.workload import send_alone, send_together
+from sglang_evs.testing.workload import FORWARD_HOLD_S, send_alone, send_together, slow_down
 
+T = TypeVar("T")
 SERVER_RATE = 0.5
+CHUNK = 96  # the evs_server's prefill chunk: a 400-token video takes five
 
 
 def evs_count(q: float) -> int:
@@ -70,12 +80,13 @@ def evs_server(tiny_model_dir, evs_trace):
     """In graph mode, as a GPU serves by default: SGLang's decode graphs, and the breakable prefill graphs
     the plugin turns on for Qwen3-VL, replay every forward whose size they were captured for (96-token
     chunks are a prefill bucket). 96-token chunks also cut the 200-token (and longer) videos: the quick
-    tier runs the partial-window path."""
-    args = ["--dtype", "float32", "--enable-metrics", "--chunked-prefill-size", "96"]
+    tier runs the partial-window path. Without SGLang's embedding cache (`SGLANG_VLM_CACHE_SIZE_MB=0`, its
+    profiled default for Qwen3-VL on large Hopper GPUs), every chunk after a video's first reads the rows the
+    plugin held (`pruning/holds.py`)."""
+    args = ["--dtype", "float32", "--enable-metrics", "--chunked-prefill-size", str(CHUNK)]
     args += ["--json-model-override-args", f'{{"video_pruning_rate": {SERVER_RATE}}}']
-    with running_server(
-        tiny_model_dir, evs_trace.parent / "server.log", args, {"SGLANG_EVS_TRACE": str(evs_trace)}, graph_mode=True
-    ) as server:
+    env = {"SGLANG_EVS_TRACE": str(evs_trace), "SGLANG_VLM_CACHE_SIZE_MB": "0"}
+    with running_server(tiny_model_dir, evs_trace.parent / "server.log", args, env, graph_mode=True) as server:
         yield server
 
 
@@ -111,6 +122,66 @@ def test_every_forward_of_a_pruned_video_replays_a_graph(evs_server, evs_trace):
     assert len(prefill) == len(extends) >= 2 and all(r["media"] for r in prefill)  # chunked: two or more
     assert {r["positions_from"] for r in prefill} == {"graph_inputs"}
     assert len(decode) == len(reply.output_ids) - 1 and {r["positions_from"] for r in decode} == {"mrope_positions"}
+
+
+def encodes_per_video(trace_path: Path, ask: Callable[[], T]) -> tuple[T, Counter]:
+    """`ask()`'s reply and how many times the server's vision tower encoded each video (by key) meanwhile."""
+    before = len(trace.read(trace_path, "video_encoded"))
+    reply = ask()
+    return reply, Counter(key for event in trace.read(trace_path, "video_encoded")[before:] for key in event["items"])
+
+
+@pytest.mark.parametrize("setting", [0.0, 0.5, {"video_pruning_threshold": 0.1}], ids=["q0", "q.5", "threshold"])
+def test_each_video_is_encoded_once_per_request_in_chunks_without_an_embedding_cache(evs_server, evs_trace, setting):
+    """A 400-token video in 96-token chunks with no embedding cache: one encode (at q = 0 too, where SGLang alone
+    encodes it again at each chunk; a threshold's at admission), its rows held meanwhile, nothing held after."""
+    clip = unseen_clip(evs_trace, "moving", f"once-{setting}")
+    ask = functools.partial(generate, evs_server.base_url, chat_prompt(VIDEO), **media_kwargs(videos=[clip]),
+                            **per_request_pruning(setting))  # fmt: skip
+    (reply,), encodes = encodes_per_video(evs_trace, ask)
+    assert reply.prompt_tokens > CHUNK and list(encodes.values()) == [1], encodes  # two chunks or more
+    assert trace.read(evs_trace, "video_held")[-1]["item"] in encodes
+    assert trace.read(evs_trace, "video_released")[-1]["held_bytes"] == 0
+
+
+def test_two_requests_of_a_batch_each_encode_their_videos_once(evs_server, evs_trace):
+    """One batch request of two prompts, one with two videos, in 96-token chunks with no embedding cache."""
+    clips = [unseen_clip(evs_trace, kind, "batch") for kind in ("moving", "noise", "static")]
+    ask = functools.partial(generate, evs_server.base_url, [chat_prompt(VIDEO, VIDEO), chat_prompt(VIDEO)],
+                            video_data=[[str(clips[0]), str(clips[1])], [str(clips[2])]])  # fmt: skip
+    replies, encodes = encodes_per_video(evs_trace, ask)
+    assert [r.meta["video_tokens_before_pruning"] for r in replies] == [2 * GROUPS * TOKENS_PER_GROUP] + [
+        GROUPS * TOKENS_PER_GROUP
+    ]
+    assert len(encodes) == 3 and set(encodes.values()) == {1}, encodes
+
+
+def test_an_abort_mid_prefill_leaves_nothing_held(evs_server, evs_trace):
+    """A request aborted between two chunks of its video (each forward held back 0.5 s meanwhile): SGLang
+    releases its media, and the rows held for its later chunks go with them."""
+    clip = unseen_clip(evs_trace, "noise", "abort")
+    held_before = len(trace.read(evs_trace, "video_held"))
+    slow_down(evs_server.base_url, FORWARD_HOLD_S)
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            sent = pool.submit(requests.post, f"{evs_server.base_url}/generate", timeout=300, json={
+                "text": chat_prompt(VIDEO), "video_data": [str(clip)], "rid": "aborted-mid-prefill",
+                "sampling_params": {"max_new_tokens": 4}})  # fmt: skip
+            deadline = time.monotonic() + 60
+            while len(trace.read(evs_trace, "video_held")) == held_before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            requests.post(f"{evs_server.base_url}/abort_request", json={"rid": "aborted-mid-prefill"}, timeout=30)
+            slow_down(evs_server.base_url, None)
+            reply = sent.result().json()
+    finally:
+        slow_down(evs_server.base_url, None)
+    held = trace.read(evs_trace, "video_held")[held_before:]
+    assert held, "the video was never held"
+    key = held[0]["item"]
+    assert reply["meta_info"]["finish_reason"]["type"] == "abort", reply["meta_info"]  # before its last chunk
+    released = [e for e in trace.read(evs_trace, "video_released") if e["item"] == key]
+    assert released and released[-1]["held_bytes"] == 0
+    generate(evs_server.base_url, chat_prompt(text="Still serving?"))  # the server serves on
 
 
 def test_what_evs_saved_is_reported_per_request_and_per_server(evs_server, clips):
@@ -191,15 +262,25 @@ def test_the_tolerance_tells_a_one_position_error(evs_server, evs_trace, tiny_mo
 def test_chunked_prefill_and_radix_hits_equal_single_chunk(tiny_model_dir, clips, tmp_path):
     """7-token chunks cut inside groups, on framing tokens and at both edges of every video; 33-token ones
     cut groups unevenly with fewer windows, on a server in graph mode (its chunks and radix hits replay
-    prefill graphs). (16 and 50 were dropped: they cut nothing these two miss.)"""
+    prefill graphs). (16 and 50 were dropped: they cut nothing these two miss.) Both without SGLang's embedding
+    cache: the 33-token server reads each video's held rows (`pruning/holds.py`); the 7-token one may hold
+    nothing (`SGLANG_EVS_HELD_VIDEO_MB=0`), so each chunk encodes its videos again and prunes them by the masks
+    their first encode decided: both equal one chunk with SGLang's default cache."""
     image = media.write_image(tmp_path / "image.png", seed=2)
     cases = [
         (chat_prompt(VIDEO), media_kwargs(videos=[clips["moving"]])),
         (chat_prompt(IMAGE, VIDEO, VIDEO), media_kwargs(images=[image], videos=[clips["noise"], clips["moving"]])),
     ]
     args = ["--dtype", "float32", "--json-model-override-args", '{"video_pruning_rate": 0.5}']
-    results = served_in_chunks(tiny_model_dir, cases, (None, 7, 33), args, tmp_path, graph_chunk=33)
+    no_cache = {"SGLANG_VLM_CACHE_SIZE_MB": "0"}
+    env_by_chunk = {7: {**no_cache, holds.BOUND_ENV: "0"}, 33: no_cache}
+    results = served_in_chunks(tiny_model_dir, cases, (None, 7, 33), args, tmp_path, 33, env_by_chunk)
     assert_chunks_equal(results, results[None][0], "EVS")
+    encoded = Counter(key for event in trace.read(tmp_path / "graph-trace.jsonl", "video_encoded")
+                      for key in event["items"])  # fmt: skip
+    # the graph-mode (33-token) server: each of the cases' three videos encoded once; the repeats, radix hits
+    # to their last token, encode nothing
+    assert sorted(encoded.values()) == [1, 2], encoded  # the moving clip is in both cases
 
 
 # --- several media per request and per batch

@@ -90,9 +90,9 @@ def test_masks_come_back_as_bool_of_the_same_lengths(masks):
 class VideoItem:
     """The part of SGLang's MultimodalDataItem that `PrunedVideos` reads, for one pruned video."""
 
-    def __init__(self, region_ids: torch.Tensor, grid: list[int], rate: float, start: int) -> None:
+    def __init__(self, region_ids: torch.Tensor, grid: list[int], rate: float, start: int, key: int = 1234) -> None:
         self.video_grid_thw = torch.tensor([grid])
-        self.hash = 1234
+        self.hash = key  # the video's key, which folds in how it is pruned (keys.py)
         self.offsets = [(start, start + len(region_ids) - 1)]
         positions = torch.arange(len(region_ids)).expand(3, -1) * torch.tensor([[1], [2], [3]])
         self.model_specific_data = {METHOD: "evs", RATE: rate, REGION_IDS: region_ids, REGION_POSITIONS: positions}
@@ -152,10 +152,49 @@ def test_the_models_mask_keeps_the_count_the_region_was_laid_out_with_under_a_bu
     videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), lambda items: rows
     videos.masks, videos.rank_group = OrderedDict(), None
     for budget, floor in ((5, 0), (5, 2), (0, 3), (2, 1)):
-        item = VideoItem(region_ids, [3, 2, 2], 0.25, start=0)
+        item = VideoItem(region_ids, [3, 2, 2], 0.25, start=0, key=hash((budget, floor)))
         item.model_specific_data.update({TOKEN_BUDGET: budget, MIN_TOKENS_PER_GROUP: floor})
         (region,) = videos.features([item])
         mask = videos.masks[item.hash]
         assert int(mask.sum()) == Pruning(EVS, 0.25, budget, floor).kept_count(4, 3)
         assert min(mask.view(3, 4).sum(dim=1).tolist()) >= floor
         assert region.shape[0] == int(mask.sum()) + 2  # the kept rows and the two framing tokens
+
+
+def test_a_video_is_encoded_once_per_request_and_pruned_by_one_mask_whatever_a_later_encode_gives():
+    """Two chunks of one request fetch the video twice: one tower call (the rows are held, `holds.py`). Once let go,
+    a later encode (a repeat, or past the holds' bound) whose rows would rank other cells first still prunes by the
+    mask the video was first pruned by: a mask decided per encode would differ here."""
+    from sglang_evs.pruning import holds
+
+    video_token = 9
+    region_ids = torch.tensor([video_token] * 4 + [5] + [video_token] * 4 + [5] + [video_token] * 4)
+    first = torch.randn(12, 4, generator=torch.Generator().manual_seed(2))
+    later = first.flip(0)  # other dissimilarities: EVS ranks other cells of groups 1 and 2 first
+    encodes = []
+
+    def encode(items):
+        encodes.append(len(items))
+        return first if len(encodes) == 1 else later
+
+    videos = PrunedVideos.__new__(PrunedVideos)
+    videos.pad_token_id, videos.spatial_merge_size = video_token, 1
+    videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), encode
+    videos.masks, videos.rank_group = OrderedDict(), None
+    item = VideoItem(region_ids, [3, 2, 2], 0.5, start=3)
+    request = SimpleNamespace(mm_items=[item])
+    layout = BatchLayout(SimpleNamespace(), torch.zeros(1), [(request, 3, 5)])  # a chunk ending inside the region
+
+    (region,) = videos.features([item])
+    videos.release_consumed(layout)
+    (again,) = videos.features([item])
+    assert encodes == [1] and again is region
+    mask = videos.masks[item.hash].clone()
+    videos.release_consumed(BatchLayout(SimpleNamespace(), torch.zeros(1), [(request, 8, 10)]))  # its last chunk
+    assert holds.held_rows(item) is None
+
+    (repeat,) = videos.features([item])
+    assert encodes == [1, 1] and torch.equal(videos.masks[item.hash], mask)
+    assert not torch.equal(videos._compute_keep_mask(item, later), mask)  # what deciding again would have kept
+    assert torch.equal(repeat[region_ids[region_keep(region_ids, video_token, mask)] == video_token], later[mask])
+    holds.release(item)

@@ -118,6 +118,8 @@ def fill_graph_inputs(model, fetched: list[FetchedEmbedding], layout: BatchLayou
     """Extend forwards: positions (pruned ones exact) and deepstack rows into the fixed buffers,
     carried on the batch; the main channels are returned for scattering."""
     forward_batch = layout.forward_batch
+    if model.pruned_videos is not None:
+        model.pruned_videos.release_consumed(layout)
     if not reads_graph_inputs(forward_batch.forward_mode):
         return fetched
     carried = model.model.graph_inputs.write(layout.num_tokens, forward_batch.mrope_positions)

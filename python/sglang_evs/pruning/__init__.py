@@ -18,7 +18,10 @@ Tokenizer process:
 Scheduler process:
   admission.py        a threshold's videos encoded as the scheduler receives the request, the prompt laid out
                       from their masks (`deletion.delete_tokens`) before SGLang builds the request
-  videos.py           `PrunedVideos`: batched encoding, keep-mask, region fill, exact positions per forward
+  videos.py           `PrunedVideos`: batched encoding, keep-mask (decided once per video), region fill, exact
+                      positions per forward
+  holds.py            each video encoded once per request: its rows held from its first chunk to its last,
+                      under a bound, released with the request's media (finished, aborted)
   sessions.py         a pruned video in a later session turn: its region positions moved with the turn's;
                       a session turn's input logprobs over its session's pruned video refused
 Both:

@@ -12,10 +12,16 @@ A model adapter owns one `PrunedVideos` and routes two things through it:
 The tokenizer side (`regions.py`) laid the region out and left its unpruned ids and positions
 on the item (`fields.py`).
 
+Each video is encoded once per request: what the getter returns for an item is held on it until the chunk
+that covers the request's last video has run (`holds.py`), and each video's keep-mask is decided once, by its
+first encode, and remembered by its key (`masks`): a later encode of the same video (past the holds' bound, a
+radix repeat, `keep_mask` after the mask was forgotten) prunes by it, never by a mask of its own, so every chunk
+and every repeat of one video sees the same kept rows and positions, whatever batch the tower ran it in.
+
 A video pruned by a threshold is decided earlier, when the scheduler admits its request
 (`admission.py` calls `decide_threshold`): its mask goes on the item, the prompt is laid out from it,
-and its first forward takes the kept rows encoded then (`features`; encoded again, the item's mask
-applied, if they were set aside).
+and its kept rows are held for its forwards (encoded again there, the item's mask applied, only where the
+holds' bound left no room).
 
 Under tensor parallelism every rank of a batch computes the masks, and rank 0's are broadcast to the
 others (`agreed_masks`): a score tie broken differently on two ranks (their vision outputs may
@@ -49,6 +55,7 @@ from sglang_evs.pruning.fields import (
     threshold_decided,
     video_grid,
 )
+from sglang_evs.pruning.holds import held_rows, hold, release_consumed
 from sglang_evs.pruning.settings import server_pruning
 from sglang_evs.served import VideoFamily
 
@@ -74,9 +81,6 @@ def encoder_patch_budget(device: torch.device) -> int:
 
 class PrunedVideos:
     MASKS_KEPT = 4096  # keep-masks by item hash (video, method and rate): small bool tensors
-    # A threshold video's kept rows wait from admission to its first forward, on the model's device (a video of
-    # an 8B model: ~2k rows of 16k columns, 64 MB in bf16): the newest few; an older one is encoded again then.
-    DECIDED_ROWS_KEPT = 8
 
     def __init__(
         self, config, family: VideoFamily, embed_tokens: torch.nn.Embedding, encode: Callable[[list], torch.Tensor]
@@ -88,13 +92,12 @@ class PrunedVideos:
         self.embed_tokens = embed_tokens
         self.encode = encode
         self.masks: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self.decided_rows: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.rank_group = sglang.same_batch_group()  # None at one rank
 
     def decide_threshold(self, item) -> torch.Tensor:
         """Admission of a video waiting for its threshold (`fields.THRESHOLD`): its keep-mask ([T*h*w] bool,
         on the CPU; rank 0's at every rank), by `methods.threshold_limited_mask` on the tower's rows, whose
-        kept rows are set aside for the video's first forward."""
+        kept rows are held for the video's forwards (`holds.hold`)."""
         setting = item.model_specific_data[THRESHOLD]
         if item.hash is None:  # pixels handed over as a device handle: keyed here, as SGLang keys it later (keys.py)
             item.set_pad_value()
@@ -104,51 +107,58 @@ class PrunedVideos:
             setting["token_budget"], setting["min_tokens_per_group"],
         )  # fmt: skip
         (mask,) = self._agreed([item], [mask], at_admission=True)
-        self.decided_rows[item.hash] = rows[mask.to(rows.device)]
-        while len(self.decided_rows) > self.DECIDED_ROWS_KEPT:
-            self.decided_rows.popitem(last=False)
+        hold(item, rows[mask.to(rows.device)])
         return mask.cpu()
 
-    def features(self, items: list) -> torch.Tensor | list[torch.Tensor]:
+    def features(self, items: list) -> list[torch.Tensor]:
+        """The model's video getter: one [tokens, width] tensor per item, each encoded once per request (`holds`)."""
+        misses = [item for item in items if held_rows(item) is None]
+        fresh = dict(zip(map(id, misses), self._encoded(misses) if misses else [], strict=True))
+        for item in misses:
+            hold(item, fresh[id(item)])
+        return [fresh[id(item)] if id(item) in fresh else held_rows(item) for item in items]
+
+    def release_consumed(self, layout: BatchLayout) -> None:
+        """After a forward's features were fetched: its requests' held videos whose last chunk it was let go."""
+        release_consumed(layout.requests)
+
+    def _encoded(self, items: list) -> list[torch.Tensor]:
+        """Each item's rows, from the tower (a decided threshold video's kept rows, a pruned video's region)."""
         decided = {id(item) for item in items if threshold_decided(item)}
-        if not decided:
-            return self._features(items)
         rest = [item for item in items if id(item) not in decided]
-        rest_rows = self._features(rest) if rest else []
-        if isinstance(rest_rows, torch.Tensor):
-            rest_rows = list(rest_rows.split([encoder_patches(item) // self.spatial_merge_size**2 for item in rest]))
-        by_item = dict(zip(map(id, rest), rest_rows, strict=True))
+        by_item = dict(zip(map(id, rest), self._features(rest) if rest else [], strict=True))
         return [self._decided(item) if id(item) in decided else by_item[id(item)] for item in items]
 
     def _decided(self, item) -> torch.Tensor:
-        """A decided threshold video's kept rows: those set aside at admission, or encoded again."""
-        rows = self.decided_rows.pop(item.hash, None)
-        if rows is None:
-            rows = self._timed_encode([item])
-            rows = rows[item.model_specific_data[THRESHOLD][THRESHOLD_KEPT].to(rows.device)]
-        return rows
+        """A decided threshold video's kept rows, encoded again (those from its admission were not held)."""
+        rows = self._timed_encode([item])
+        return rows[item.model_specific_data[THRESHOLD][THRESHOLD_KEPT].to(rows.device)]
 
-    def _features(self, items: list) -> torch.Tensor | list[torch.Tensor]:
-        if not any(is_pruned(item) for item in items):
-            return self._timed_encode(items)
+    def _features(self, items: list) -> list[torch.Tensor]:
         merge = self.spatial_merge_size
         # An unpruned item may still bundle several videos (Qwen2-VL family): count all its grids.
         patches = [encoder_patches(item) for item in items]
+        if not any(is_pruned(item) for item in items):  # one tower call, as upstream's getter makes it
+            return list(self._timed_encode(items).split([n // merge**2 for n in patches]))
         encoded = torch.cat([self._timed_encode(group) for group in self._encoder_groups(items, patches)])
         start = time.perf_counter()
         rows_per_item = encoded.split([n // merge**2 for n in patches])
         pruned = [(item, rows) for item, rows in zip(items, rows_per_item, strict=True) if is_pruned(item)]
-        masks = self._agreed(
-            [item for item, _ in pruned], [self._compute_keep_mask(item, rows) for item, rows in pruned]
-        )
-        filled = {}
-        for (item, rows), mask in zip(pruned, masks, strict=True):
-            self._remember(item.hash, mask)
-            filled[id(item)] = self._fill_region(item, rows, mask)
+        masks = dict(zip((id(item) for item, _ in pruned), self._decided_masks(pruned), strict=True))
+        filled = {id(item): self._fill_region(item, rows, masks[id(item)]) for item, rows in pruned}
         out = [filled.get(id(item), rows) for item, rows in zip(items, rows_per_item, strict=True)]
         if trace.enabled():
             trace.record("mask_and_fill", items=[item.hash for item in items], ms=(time.perf_counter() - start) * 1e3)
         return out
+
+    def _decided_masks(self, pruned: list[tuple]) -> list[torch.Tensor]:
+        """Each pruned (item, rows)'s keep-mask: the one its video was first pruned by, or decided now (and agreed
+        across ranks, then remembered). Every rank remembers the same masks, as it runs the same batches."""
+        new = list({item.hash: (item, rows) for item, rows in reversed(pruned) if item.hash not in self.masks}.values())
+        decided = self._agreed([item for item, _ in new], [self._compute_keep_mask(item, rows) for item, rows in new])
+        for (item, _), mask in zip(new, decided, strict=True):
+            self._remember(item.hash, mask)
+        return [self.masks[item.hash] for item, _ in pruned]
 
     def _agreed(self, items: list, masks: list[torch.Tensor], **traced) -> list[torch.Tensor]:
         """Rank 0's keep-masks of `items` at every rank of the batch group (`agreed_masks`), each traced with
@@ -217,7 +227,7 @@ class PrunedVideos:
         the video goes through the vision tower again."""
         mask = self.masks.get(item.hash)
         if mask is None:
-            self.features([item])
+            self._features([item])
             mask = self.masks[item.hash]
         return mask
 

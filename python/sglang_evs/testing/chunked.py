@@ -1,7 +1,7 @@
 """Servers of one checkpoint at several chunked-prefill sizes, their radix repeats, and the graph-mode
 trace checks that go with them: chunked prefill and the radix cache must see the positions one prefill sees."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sglang_evs import trace
@@ -15,17 +15,24 @@ GRAPH_CHUNK_ARGS = ("--cuda-graph-max-bs-prefill", "64")
 
 
 def served_in_chunks(
-    model_dir: Path, cases: list, chunk_sizes, server_args: list[str], log_dir: Path, graph_chunk: int | None = None
+    model_dir: Path,
+    cases: list,
+    chunk_sizes,
+    server_args: list[str],
+    log_dir: Path,
+    graph_chunk: int | None = None,
+    env_by_chunk: Mapping[int | None, dict[str, str]] | None = None,
 ) -> dict:
     """chunk size (None: SGLang's default) -> (first replies, repeated replies) of `cases`, one
     server per size, started together; the repeats must hit the radix cache. The server of
     `graph_chunk` runs in graph mode (`sglang_evs.testing.server`), as a GPU serves by default: its media
-    prefills replay prefill graphs where `server_args` set a default that prunes (`server.PRUNING_DEFAULT_ARGS`)."""
+    prefills replay prefill graphs where `server_args` set a default that prunes (`server.PRUNING_DEFAULT_ARGS`).
+    `env_by_chunk`: environment of the server of a chunk size (its embedding cache, say)."""
     launches, graph_trace = [], log_dir / "graph-trace.jsonl"
     for chunk in chunk_sizes:
         graphs = chunk is not None and chunk == graph_chunk
         args = [*server_args, *(["--chunked-prefill-size", str(chunk)] if chunk else []), *(GRAPH_CHUNK_ARGS * graphs)]
-        env = {trace.ENV: str(graph_trace)} if graphs else None
+        env = {**(env_by_chunk or {}).get(chunk, {}), **({trace.ENV: str(graph_trace)} if graphs else {})}
         launches.append(Launch(model_dir, log_dir / f"chunk-{chunk}.log", args, env, graph_mode=graphs))
     results = {}
     with running_servers(*launches) as servers:

@@ -1,0 +1,86 @@
+"""A request's encoded videos held from its first chunk to its last (`pruning/holds.py`), on SGLang's own items."""
+
+import gc
+import pickle
+
+import pytest
+import torch
+from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem, MultimodalInputs
+
+from sglang_evs.pruning import holds
+
+
+@pytest.fixture(autouse=True)
+def nothing_held_before_or_after():
+    assert holds.held_bytes() == 0
+    yield
+    gc.collect()
+    assert holds.held_bytes() == 0
+
+
+def video(*spans: tuple[int, int]) -> MultimodalDataItem:
+    return MultimodalDataItem(modality=Modality.VIDEO, offsets=list(spans), hash=len(spans))
+
+
+def test_held_rows_are_counted_once_per_storage_and_let_go_on_release():
+    first, second = video((2, 9)), video((12, 20))
+    encoded = torch.zeros(17, 8)
+    assert holds.hold(first, encoded[:8]) and holds.hold(second, encoded[8:])  # views of one tower call
+    assert holds.held_bytes() == encoded.nbytes
+    assert holds.held_rows(first).data_ptr() == encoded.data_ptr()
+    holds.release(first)
+    assert holds.held_rows(first) is None and holds.held_bytes() == encoded.nbytes  # the second keeps it
+    holds.release(second)
+    assert holds.held_bytes() == 0
+
+
+def test_what_is_held_never_travels_with_the_item():
+    item = video((2, 9))
+    holds.hold(item, torch.ones(8, 4))
+    copy = pickle.loads(pickle.dumps(item))
+    assert holds.held_rows(copy) is None and copy.offsets == item.offsets
+    holds.release(item)
+
+
+def test_past_the_bound_a_video_is_not_held(monkeypatch):
+    monkeypatch.setenv(holds.BOUND_ENV, str(1000 / 2**20))  # 1000 bytes
+    small, large = video((0, 3)), video((5, 100))
+    assert holds.hold(small, torch.zeros(4, 8))  # 128 bytes
+    assert not holds.hold(large, torch.zeros(96, 8))
+    assert holds.held_rows(large) is None and holds.held_bytes() == 128
+    holds.release(small)
+
+
+def test_an_item_dropped_without_a_release_takes_its_rows_with_it():
+    item = video((0, 3))
+    holds.hold(item, torch.zeros(4, 8))
+    del item
+    gc.collect()
+    assert holds.held_bytes() == 0
+
+
+def test_a_requests_videos_are_let_go_by_the_forward_that_covers_the_last_of_them():
+    """Two videos in one request, prefilled in three chunks: held through the chunk that ends inside the second,
+    let go together by the one that reaches its last token; another request's are left alone."""
+    first, second, other = video((2, 9)), video((12, 15), (17, 20)), video((0, 5))
+    request, other_request = MultimodalInputs(mm_items=[first, second]), MultimodalInputs(mm_items=[other])
+    for item, rows in ((first, 8), (second, 8), (other, 6)):
+        holds.hold(item, torch.zeros(rows, 4))
+    holds.release_consumed([(request, 0, 10), (other_request, 0, 3), (None, 0, 7)])
+    holds.release_consumed([(request, 10, 10)])  # tokens 10..19: the second video's last token (20) not yet
+    assert holds.held_rows(first) is not None and holds.held_rows(second) is not None
+    holds.release_consumed([(request, 20, 5)])
+    assert holds.held_rows(first) is None and holds.held_rows(second) is None
+    assert holds.held_rows(other) is not None
+    holds.release(other)
+
+
+def test_sglang_releasing_a_requests_media_lets_its_held_videos_go():
+    """The AFTER hook on `MultimodalInputs.release_features` (finished, aborted): SGLang's own method runs, then
+    the holds go."""
+    item = video((2, 9))
+    mm_inputs = MultimodalInputs(mm_items=[item])
+    holds.hold(item, torch.zeros(8, 4))
+    result = mm_inputs.release_features()
+    assert holds.release_media(result, mm_inputs) is result
+    assert holds.held_rows(item) is None and item.feature is None
