@@ -66,6 +66,7 @@ import requests
 import torch
 
 from sglang_evs import trace
+from sglang_evs.pruning.videos import PINNED_MASKS_ENV
 from sglang_evs.testing import media, workload
 from sglang_evs.testing.compare import assert_same_generation
 from sglang_evs.testing.hf_reference import expected_positions, rule_positions
@@ -122,6 +123,7 @@ def files(tmp_path_factory) -> dict:
         "image": media.write_image(out / "image.png", seed=48),
         "video": media.write_clip(out / "moving.mp4", "moving", num_frames=16, fps=4, seed=48),
         "unseen": media.write_clip(out / "unseen.mp4", "moving", num_frames=16, fps=4, seed=49),
+        "tp2": media.write_clip(out / "tp2.mp4", "moving", num_frames=16, fps=4, seed=50),  # the TP = 2 pair's alone
         "mixed": workload.write_media(out / "mixed", clips=2, images=2),
     }
 
@@ -200,6 +202,8 @@ class Fleet(NamedTuple):
 
 
 UPSTREAM = {"SGLANG_PLUGINS": "none"}  # SGLang loads no plugin in this server
+# The reference server prunes a video these name by the mask the TP = 2 prefill server decided for it (its trace)
+PINNED, TP2_TRACE = "pinned-masks.json", "tp2-prefill.jsonl"
 
 
 def epd_launches(model, folder: Path, args: list[str], encoder_trace: Path) -> tuple[Launch, Launch, int]:
@@ -232,12 +236,12 @@ def fleet(tiny_model_dir, tmp_path_factory):
     (folder / "vidcom2").mkdir()
     pd_vidcom2 = pd_launches(tiny_model_dir, folder / "vidcom2", vidcom2)
     without_plugin = pd_decode_launch(tiny_model_dir, folder / "no-plugin.log", evs, UPSTREAM)
-    one = Launch(tiny_model_dir, folder / "one.log", evs)
+    one = Launch(tiny_model_dir, folder / "one.log", evs, {PINNED_MASKS_ENV: str(folder / PINNED)})
     upstream_one = Launch(tiny_model_dir, folder / "upstream-one.log", evs, UPSTREAM)
     (folder / "upstream").mkdir()
     upstream = pd_launches(tiny_model_dir, folder / "upstream", evs, UPSTREAM)
     (folder / "tp2").mkdir()
-    tp2 = pd_launches(tiny_model_dir, folder / "tp2", [*evs, "--tp-size", "2"])
+    tp2 = pd_launches(tiny_model_dir, folder / "tp2", [*evs, "--tp-size", "2"], traced(folder / TP2_TRACE))
     encoder, language, language_bootstrap = epd_launches(tiny_model_dir, folder, evs, encoder_trace)
     launches = (one, pd.prefill, decode, pd_vidcom2.prefill, pd_vidcom2.decode, without_plugin, upstream_one,
                 upstream.prefill, tp2.prefill, encoder, language)  # fmt: skip
@@ -551,12 +555,22 @@ TP2_TOLERANCE = 1e-4  # the prefill's all-reduce sums two ranks' partial product
 @pytest.fixture(scope="module")
 def tp2_served(fleet, files, served) -> dict[str, tuple[Generation, Generation]]:
     """Each case at the servers' default (EVS q = .5) through the TP = 2 prefill server and the EVS decode
-    server, and from one server, each from empty caches: case -> (pair's reply, one server's)."""
-    out = {}
-    for name, (prompt, kwargs) in cases(files).items():
+    server, and from one server, each from empty caches: case -> (pair's reply, one server's); "decisions": the
+    keep-mask events the TP = 2 prefill server traced for its video. The video is a clip of its own, and the one
+    server prunes it by the mask the pair decided: its nearly static background scores within rounding of 0,
+    and a TP = 2 tower rounds such near-ties apart from one rank's (on an AMD EPYC without AVX-512, row 175
+    kept where one server keeps row 385), a difference of layouts, not of exactness."""
+    folder = Path(fleet.prefill_trace).parent
+    tp2_cases = {**cases(files), "video": (chat_prompt(VIDEO), media_kwargs(videos=[files["tp2"]]))}
+    out: dict = {}
+    for name, (prompt, kwargs) in tp2_cases.items():
         empty_caches(fleet.tp2_prefill, fleet.one)
-        out[name] = tuple(generate(url, prompt, MAX_NEW_TOKENS, **kwargs)[0]
-                          for url in (fleet.tp2.base_url, fleet.one.base_url))  # fmt: skip
+        decided = len(trace.read(folder / TP2_TRACE, "keep_mask"))
+        pair = generate(fleet.tp2.base_url, prompt, MAX_NEW_TOKENS, **kwargs)[0]
+        if name == "video":
+            out["decisions"] = trace.read(folder / TP2_TRACE, "keep_mask")[decided:]
+            (folder / PINNED).write_text(json.dumps({str(e["item"]): e["kept"] for e in out["decisions"]}))
+        out[name] = pair, generate(fleet.one.base_url, prompt, MAX_NEW_TOKENS, **kwargs)[0]
     return out
 
 
@@ -567,6 +581,14 @@ def test_a_tp2_prefill_server_with_a_tp1_decode_server_serves_what_one_server_se
     assert got.cached_tokens == want.cached_tokens
     if name == "video":
         assert got.meta["video_tokens_after_pruning"] * 2 == got.meta["video_tokens_before_pruning"] == 400
+
+
+def test_the_tp2_prefill_server_decides_each_videos_mask_once_at_both_ranks(tp2_served):
+    """One decision per rank for the video prefilled in 29-token chunks (rank 0's at both), not one per chunk:
+    a mask decided per chunk could differ between chunks of one request and from the mask the reference was given."""
+    decisions = tp2_served["decisions"]
+    assert len(decisions) == 2 and len({e["item"] for e in decisions}) == 1, decisions
+    assert decisions[0]["kept"] == decisions[1]["kept"] and len(decisions[0]["kept"]) == 200
 
 
 # --- encoder, prefill and decode: the encoder prunes, the PD pair serves the kept rows ------------------------

@@ -1,5 +1,6 @@
-"""A pruned video's cache key: set in the tokenizer where the pixels are readable there, folded where the scheduler
-hashes the item where the tokenizer holds only a device handle (SGLang's CUDA IPC feature transport)."""
+"""A pruned video's cache key: its content hash folded with how it is pruned, into the hash SGLang computes anyway,
+where SGLang computes it (the scheduler, or the tokenizer where SGLang hashed the item already): the tokenizer
+never hashes pixels for it, whether readable or a device handle (SGLang's CUDA IPC feature transport)."""
 
 from array import array
 
@@ -42,32 +43,42 @@ def scheduler_reads(item: MultimodalDataItem, pixels: torch.Tensor) -> None:
     keys.fold_deferred_key(MultimodalDataItem.set_pad_value, item)
 
 
-def test_readable_pixels_are_keyed_in_the_tokenizer_by_content_and_pruning():
+def content_hash(pixels: torch.Tensor) -> int:
+    """What SGLang keys an unpruned video with."""
+    item = video(pixels.clone())
+    item.set_pad_value()
+    return item.hash
+
+
+@pytest.mark.parametrize("feature", ["pixels", "device handle"])
+def test_the_tokenizer_never_hashes_a_pruned_video_and_the_scheduler_keys_it_by_content_and_pruning(feature):
+    pixels = torch.arange(24.0).reshape(8, 3)
+    item = video(pixels if feature == "pixels" else DeviceHandle())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MultimodalDataItem, "set_pad_value", lambda item: pytest.fail("hashed in the tokenizer"))
+        keys.key_by_pruning(item, **FOLD)
+    assert item.hash is None and item.pad_value is None
+    assert item.model_specific_data[DEFERRED_KEY]["fold"]["pruning_rate"] == 0.5
+    if feature == "device handle":
+        keys.fold_deferred_key(MultimodalDataItem.set_pad_value, item)  # the exporting process never reads it
+        assert item.hash is None and item.pad_value is None
+    scheduler_reads(item, pixels.clone())
+    assert item.hash == pruning_aware_hash(content_hash(pixels), "evs", 0.5, 64, 2) != content_hash(pixels)
+    assert item.pad_value is not None and DEFERRED_KEY not in item.model_specific_data
+    item.pad_value = None  # a second hashing (a retracted request's) keys it as SGLang does: folded once
+    keys.fold_deferred_key(MultimodalDataItem.set_pad_value, item)
+    assert item.hash == pruning_aware_hash(content_hash(pixels), "evs", 0.5, 64, 2)
+
+
+def test_a_hash_sglang_computed_already_is_folded_at_once():
+    """SGLang's processor hashes pixels it made on the GPU before moving them off (and a request may name its
+    media's content hashes): the fold is applied in the tokenizer, from that hash, to the same key."""
     pixels = torch.arange(24.0).reshape(8, 3)
     item = video(pixels)
+    item.hash = content_hash(pixels)
     keys.key_by_pruning(item, **FOLD)
-    content = video(pixels.clone())
-    content.set_pad_value()
-    assert item.hash == pruning_aware_hash(content.hash, "evs", 0.5, 64, 2) != content.hash
+    assert item.hash == pruning_aware_hash(content_hash(pixels), "evs", 0.5, 64, 2)
     assert item.pad_value is not None and DEFERRED_KEY not in item.model_specific_data
-
-
-def test_a_device_handle_is_left_unread_and_keyed_where_the_scheduler_hashes_it_alike():
-    pixels = torch.arange(24.0).reshape(8, 3)
-    in_tokenizer = video(pixels)
-    keys.key_by_pruning(in_tokenizer, **FOLD)
-    handed = video(DeviceHandle())
-    keys.key_by_pruning(handed, **FOLD)
-    assert handed.hash is None and handed.pad_value is None
-    assert handed.model_specific_data[DEFERRED_KEY]["fold"]["pruning_rate"] == 0.5
-    keys.fold_deferred_key(MultimodalDataItem.set_pad_value, handed)  # the exporting process never reads it
-    assert handed.hash is None and handed.pad_value is None
-    scheduler_reads(handed, pixels.clone())
-    assert handed.hash == in_tokenizer.hash and handed.pad_values == in_tokenizer.pad_values
-    assert DEFERRED_KEY not in handed.model_specific_data
-    handed.pad_value = None  # a second hashing (a retracted request's) keys it as SGLang does: folded once
-    keys.fold_deferred_key(MultimodalDataItem.set_pad_value, handed)
-    assert handed.hash == in_tokenizer.hash
 
 
 def test_any_other_item_is_keyed_by_sglang_alone():
@@ -78,11 +89,12 @@ def test_any_other_item_is_keyed_by_sglang_alone():
     assert hooked.hash == upstream.hash and hooked.pad_values == upstream.pad_values
 
 
-def pruned_prompt(feature) -> MultimodalProcessorOutput:
-    """Qwen3-VL text | video (2 groups of 2x2 pads, m = 1) | text, through the tokenizer-side rewrite at q = .5."""
+def pruned_prompt(feature, known_hash: int | None = None) -> MultimodalProcessorOutput:
+    """Qwen3-VL text | video (2 groups of 2x2 pads, m = 1) | text, through the tokenizer-side rewrite at q = .5
+    (`known_hash`: the content hash SGLang's processor computed already)."""
     vs, ve = 7, 8
     ids = [1, 2, 11, vs, PAD, PAD, PAD, PAD, ve, 12, vs, PAD, PAD, PAD, PAD, ve, 3]
-    item = MultimodalDataItem(modality=Modality.VIDEO, offsets=[(4, 7), (11, 14)])
+    item = MultimodalDataItem(modality=Modality.VIDEO, offsets=[(4, 7), (11, 14)], hash=known_hash)
     item.feature = feature
     item.model_specific_data = {"video_grid_thw": torch.tensor([[2, 2, 2]])}
     output = MultimodalProcessorOutput(mm_items=[item], input_ids=ids, video_token_id=PAD)
@@ -96,20 +108,25 @@ def pruned_prompt(feature) -> MultimodalProcessorOutput:
 PAD = 9
 
 
-def test_a_handed_video_is_padded_and_keyed_by_the_scheduler_as_the_tokenizer_keys_a_readable_one(monkeypatch):
-    """The same pruned prompt two ways: pixels readable in the tokenizer (keyed and padded there), and pixels
-    handed over as a device handle (left to the scheduler: SGLang's `from_processor_output` with the plugin's
-    hook, then SGLang's padding). Same key, same padded prompt: the radix cache sees one prompt."""
+def test_one_pruned_video_gets_one_key_and_one_padded_prompt_whoever_hashes_it(monkeypatch):
+    """The same pruned prompt three ways: readable pixels and a device handle, both laid out in the tokenizer with no
+    hashing there, then keyed and padded by SGLang's scheduler (`from_processor_output` with the plugin's hook,
+    then SGLang's padding); and pixels SGLang's processor had hashed already, keyed and padded in the tokenizer.
+    Same key, same padded prompt: the radix cache sees one prompt."""
     pixels = torch.randn(8, 3)
-    readable, handed = pruned_prompt(pixels), pruned_prompt(DeviceHandle())
-    assert handed.padded_input_ids is None and handed.mm_items[0].pad_value is None
-    assert readable.padded_input_ids is not None
+    hashed = pruned_prompt(pixels, known_hash=content_hash(pixels))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MultimodalDataItem, "set_pad_value", lambda item: pytest.fail("hashed in the tokenizer"))
+        readable, handed = pruned_prompt(pixels.clone()), pruned_prompt(DeviceHandle())
+    assert hashed.padded_input_ids is not None
     upstream = MultimodalDataItem.set_pad_value
     monkeypatch.setattr(MultimodalDataItem, "set_pad_value", lambda item: keys.fold_deferred_key(upstream, item))
     handed.mm_items[0].feature = pixels.clone()  # what SGLang's scheduler reads through the handle
-    scheduled = MultimodalInputs.from_processor_output(handed)
-    assert scheduled.mm_items[0].hash == readable.mm_items[0].hash
-    assert list(pad_mm_tokens(array("q", handed.input_ids), scheduled)) == readable.padded_input_ids
+    for output in (readable, handed):
+        assert output.padded_input_ids is None and output.mm_items[0].pad_value is None
+        scheduled = MultimodalInputs.from_processor_output(output)
+        assert scheduled.mm_items[0].hash == hashed.mm_items[0].hash
+        assert list(pad_mm_tokens(array("q", output.input_ids), scheduled)) == hashed.padded_input_ids
 
 
 def test_a_bundle_of_handed_videos_is_refused_by_name():

@@ -11,9 +11,9 @@ Tokenizer process:
   regions.py          each pruned video becomes one region of its pruned length (known before encoding),
                       positions outside it and the decode offset final, the item keyed by `keys.py`; a
                       threshold's videos are marked and left unpruned
-  keys.py             a pruned video's cache key: content hash folded with how it is pruned; where the
-                      tokenizer holds the pixels only as a device handle (CUDA IPC transport), folded in the
-                      scheduler as SGLang hashes the item (a hook on `MultimodalDataItem.set_pad_value`)
+  keys.py             a pruned video's cache key: content hash folded with how it is pruned, into the hash
+                      SGLang computes anyway, where it computes it (a hook on `MultimodalDataItem.set_pad_value`):
+                      the tokenizer never hashes pixels for it
   usage.py            per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
   admission.py        a threshold's videos encoded as the scheduler receives the request, the prompt laid out

@@ -25,9 +25,8 @@ THRESHOLD_KEPT = "kept"  # the key of THRESHOLD the scheduler adds: the video's 
 # the rows arrive pruned, so the item carries no RATE (which would have the model compute a keep-mask again).
 # A dict, which SGLang's per-item split of model_specific_data copies whole (a list may be split by item).
 ENCODER_PRUNED = "evs_encoder_pruned"
-# {"fold": `pruning_aware_hash`'s arguments but the content hash, "exporter_pid": the tokenizer's pid} on a video
-# whose pixels the tokenizer holds only as a device handle (`keys.py`): the scheduler folds them into the key
-# when it hashes the item.
+# {"fold": `pruning_aware_hash`'s arguments but the content hash, "exporter_pid": the tokenizer's pid} on a pruned
+# video SGLang has not hashed yet (`keys.py`): folded into the key where SGLang hashes the item.
 DEFERRED_KEY = "evs_deferred_key"
 
 

@@ -1,12 +1,19 @@
 """A pruned video's cache key: the content hash of its pixels folded with how it is pruned
 (`fields.pruning_aware_hash`), so one video pruned two ways never shares radix-cache entries or cached embeddings.
 
-The tokenizer process sets it where it can read the pixels. Under a device feature transport (SGLang's
-`--mm-feature-transport cuda_ipc`, its default for Qwen3-VL on large Hopper GPUs) the tokenizer holds only a
-handle to pixels the scheduler is to read: opening it in the process that exported it fails ("invalid device
-context", seen on an H200) and would use up the scheduler's one read. There the fold travels on the item
-(`fields.DEFERRED_KEY`) and is applied where the scheduler hashes the item (`fold_deferred_key`); the prompt's
-padded ids are then SGLang's to build in the scheduler, from the same spans.
+The fold goes into the hash SGLang computes anyway, wherever SGLang computes it, on every feature transport: the
+tokenizer process never hashes pixels for it. Where SGLang has hashed the item before the plugin sees it (its
+processor hashes pixels it made on the GPU before moving them off; a request may name its media's content hashes),
+the fold is applied at once. Otherwise it travels on the item (`fields.DEFERRED_KEY`) and is applied as SGLang
+hashes the item (`fold_deferred_key`): in the scheduler, as it receives the request (as for an unpruned video), or in
+the tokenizer under `SGLANG_MM_PRECOMPUTE_HASH`. The prompt's padded ids are then SGLang's to build in the
+scheduler, from the same spans. (Hashing every pruned video's pixels on the tokenizer's CPU took 200-500 ms of a
+48-s clip's processing on an H200 host, which an unpruned video never paid.)
+
+A device feature transport (SGLang's `--mm-feature-transport cuda_ipc`, its default for Qwen3-VL on large Hopper
+GPUs) leaves the tokenizer only a handle to pixels the scheduler is to read: the process that exported it never
+hashes it (opening it there fails, "invalid device context", seen on an H200, and would use up the scheduler's one
+read).
 """
 
 import os
@@ -28,17 +35,16 @@ def key_by_pruning(
     min_tokens_per_group: int = 0,
     threshold: float | None = None,
 ) -> None:
-    """Set a pruned video item's key in place: its content hash, then folded with the method, rate, limits and
-    threshold. Deferred to the scheduler (`DEFERRED_KEY`) when the content hash is not known yet and the pixels
-    are a device handle."""
+    """Key a pruned video item by its content hash folded with the method, rate, limits and threshold: at once where
+    SGLang hashed it already, else where SGLang will (`DEFERRED_KEY`)."""
     fold = {
         "method": method, "pruning_rate": rate, "token_budget": token_budget,
         "min_tokens_per_group": min_tokens_per_group, "threshold": threshold,
     }  # fmt: skip
-    if item.hash is None and item.pad_value is None and is_device_handle(item.feature):
+    if item.hash is None:
         item.set(DEFERRED_KEY, {"fold": fold, "exporter_pid": os.getpid()})
         return
-    item.set_pad_value()
+    item.set_pad_value()  # from the hash SGLang computed: no hashing here
     item.set_hash(pruning_aware_hash(item.hash, **fold))
 
 

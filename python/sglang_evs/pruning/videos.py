@@ -29,10 +29,12 @@ differ in the last bit) would otherwise give them different kept rows and positi
 """
 
 import copy
+import json
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -62,6 +64,11 @@ from sglang_evs.served import VideoFamily
 # Tests only: every rank but rank 0 of a batch group inverts the keep-masks it computed, before the ranks
 # agree on rank 0's; the trace then shows that the agreement, not equal inputs, decided what was kept.
 PERTURB_MASKS_ENV = "SGLANG_EVS_TEST_PERTURB_MASKS"
+# Tests only: a JSON file {key: kept rows} of the masks another server decided. A video whose key it names is
+# pruned by that mask instead of one of its own, so that a server laid out another way (other ranks, another
+# split of the tower) is compared with this one under the mask it decided: the scores of a nearly static clip
+# tie to within rounding, and two layouts' roundings may break such a tie apart (docs/architecture.md).
+PINNED_MASKS_ENV = "SGLANG_EVS_TEST_PINNED_MASKS"
 
 
 def encoder_patch_budget(device: torch.device) -> int:
@@ -176,6 +183,9 @@ class PrunedVideos:
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
         """The item's method at its rate, under the budget and floor it carries (`methods.limited_mask`: exactly
         the count its region was laid out with)."""
+        pinned = pinned_mask(item.hash, rows.shape[0])
+        if pinned is not None:
+            return pinned.to(rows.device)
         data = item.model_specific_data
         method, grid, merge = METHODS[data[METHOD]], video_grid(item), self.spatial_merge_size
         return limited_mask(method, rows, grid, merge, data[RATE], *pruned_limits(item))
@@ -257,6 +267,17 @@ class PrunedVideos:
         self.masks.move_to_end(key)
         while len(self.masks) > self.MASKS_KEPT:
             self.masks.popitem(last=False)
+
+
+def pinned_mask(key: int, rows: int) -> torch.Tensor | None:
+    """The [rows] bool mask `PINNED_MASKS_ENV` names for the video `key` (tests only), or None."""
+    path = os.environ.get(PINNED_MASKS_ENV)
+    kept = json.loads(Path(path).read_text()).get(str(key)) if path and Path(path).exists() else None
+    if kept is None:
+        return None
+    mask = torch.zeros(rows, dtype=torch.bool)
+    mask[kept] = True
+    return mask
 
 
 def on_device(item, device: torch.device):
