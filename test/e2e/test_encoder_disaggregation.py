@@ -290,17 +290,21 @@ def test_an_encoder_without_the_plugin_fails_a_pruning_request_by_name_and_the_s
 
 
 # Other families and encoder layouts behind the pair, each against one plugin server of the same checkpoint:
-# (checkpoint fixture, the encoder's own arguments, environment). The Qwen3-VL encoder runs two TP ranks
-# and SGLang's encoder cache (`--enable-prefix-mm-cache`), which must not hand a video's rows pruned at
-# one rate to a request at another.
+# (checkpoint fixture, the encoder's own arguments, the one server's own arguments, environment). The Qwen3-VL
+# encoder runs two TP ranks and SGLang's encoder cache (`--enable-prefix-mm-cache`), which must not hand a
+# video's rows pruned at one rate to a request at another. Its reference runs its tower at TP = 2 too: the
+# nearly static clip scores many cells within rounding of 0, and a TP = 2 tower breaks such near-ties apart from
+# one rank's (every run on an AMD EPYC without AVX-512), so both sides decide the mask in the same layout
+# (docs/architecture.md, "Near-ties across layouts").
 PAIR_LAYOUTS = {
     "qwen3_vl-encoder_tp2-prefix_mm_cache": (
         "tiny_model_dir",
         ["--tp-size", "2", "--enable-prefix-mm-cache", "--enable-metrics"],
+        ["--tp-size", "2"],
         {},
     ),
-    "qwen3_5": ("tiny_qwen3_5_dir", [], {"SGLANG_MAMBA_CONV_DTYPE": "float32"}),
-    "qwen3_vl_moe": ("tiny_qwen3_vl_moe_dir", [], {}),
+    "qwen3_5": ("tiny_qwen3_5_dir", [], [], {"SGLANG_MAMBA_CONV_DTYPE": "float32"}),
+    "qwen3_vl_moe": ("tiny_qwen3_vl_moe_dir", [], [], {}),
 }
 # The same video at three settings in a row (the encoder cache holds it after the first), then media mixes.
 LAYOUT_REQUESTS = [
@@ -311,12 +315,12 @@ LAYOUT_REQUESTS = [
 
 @pytest.fixture(scope="module", params=list(PAIR_LAYOUTS))
 def pair_layout(request, files, tmp_path_factory) -> dict:
-    checkpoint, encoder_args, env = PAIR_LAYOUTS[request.param]
+    checkpoint, encoder_args, single_args, env = PAIR_LAYOUTS[request.param]
     model_dir = request.getfixturevalue(checkpoint)
     folder = tmp_path_factory.mktemp(f"epd_{request.param}")
     port = free_port()
     encoder = Launch(model_dir, folder / "encoder.log", [*SERVER_ARGS, "--encoder-only", *encoder_args], env, port=port)
-    single = Launch(model_dir, folder / "single.log", SERVER_ARGS, env)
+    single = Launch(model_dir, folder / "single.log", [*SERVER_ARGS, *single_args], env)
     language = Launch(model_dir, folder / "language.log", [*SERVER_ARGS, "--language-only", "--encoder-urls",
                                                            local_url(port)], env)  # fmt: skip
     all_cases, out = cases(files), {}
