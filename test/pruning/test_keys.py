@@ -136,3 +136,25 @@ def test_a_bundle_of_handed_videos_is_refused_by_name():
     bundle.model_specific_data = {"video_grid_thw": torch.tensor([[2, 4, 4], [4, 2, 6]])}
     with pytest.raises(ValueError, match="--mm-feature-transport cpu"):
         regions.split_bundled_videos([bundle])
+
+
+def test_a_pruned_video_handed_as_a_cuda_ipc_handle_is_read_as_lazily_as_an_unpruned_one():
+    """SGLang's scheduler defers reading a Qwen3-VL video's CUDA IPC handle (to the tower's first use) only for an item
+    keyed in the tokenizer: pruned, such an item stays deferrable, its key folded at once from SGLang's hash."""
+    from sglang.srt.multimodal.transport.cuda_ipc import (
+        DEFER_CUDA_IPC_FEATURE_RECONSTRUCTION_KEY,
+        CudaIpcTensorTransportProxy,
+    )
+
+    class Handle(CudaIpcTensorTransportProxy):
+        def __init__(self):  # no device here: stands for the proxy, unread
+            pass
+
+    unpruned = MultimodalDataItem(modality=Modality.VIDEO, offsets=[(4, 7)], hash=1234)
+    unpruned.feature = Handle()
+    unpruned.set_pad_value()
+    pruned = pruned_prompt(Handle(), known_hash=1234).mm_items[0]
+    for item in (unpruned, pruned):
+        item.model_specific_data[DEFER_CUDA_IPC_FEATURE_RECONSTRUCTION_KEY] = True  # SGLang's Qwen3-VL processor's mark
+    assert unpruned.can_defer_cuda_ipc_feature_reconstruction()
+    assert pruned.can_defer_cuda_ipc_feature_reconstruction() and pruned.hash != unpruned.hash
