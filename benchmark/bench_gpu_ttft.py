@@ -1,206 +1,466 @@
-"""GPU: video TTFT on a Qwen3-VL-8B-shaped server at q = 0, .5, .75, beside the vision tower's time and the
-ideal; prefill CUDA graphs against eager, side by side.
+"""GPU: what a user compares. Upstream SGLang (no plugin), the plugin at q = 0 and the plugin pruning (server default
+q = .75, q = .5 per request) served side by side on a Qwen3-VL-8B-shaped model: each request's TTFT beside what it
+cost, and throughput under load.
 
-    SGLANG_EVS_GPU_ROUTE=1 python benchmark/bench_gpu_ttft.py [--model-path M] [--clips 6] [--seconds 8]
-        [--size 448x448] [--fps 2] [--rates 0 0.5 0.75] [--method evs] [--output bench.json]
-    python benchmark/bench_gpu_ttft.py --smoke [--model-path TINY]   # CPU, tiny model, seconds: the plumbing
+    SGLANG_EVS_GPU_ROUTE=1 python benchmark/bench_gpu_ttft.py --part 1 --budget-s 450 --output part1.jsonl
+    SGLANG_EVS_GPU_ROUTE=1 python benchmark/bench_gpu_ttft.py --part 2 --budget-s 450 --output part2.jsonl
+        [--seconds 8 48 120] [--clips 4] [--concurrency 1 8 32] [--min-prompts 16] [--load-seconds 8]
+        [--server-rate 0.75] [--rates 0.5 0.75] [--method evs] [--size 448x448] [--fps 2] [--model-path M]
+    python benchmark/bench_gpu_ttft.py --report part1.jsonl part2.jsonl    # the report again, from the samples
+    python benchmark/bench_gpu_ttft.py --smoke [--model-path TINY]         # CPU, tiny model: every step, both parts
 
-Two servers at once on one GPU, both the GPU route's (`sglang_evs.runtime.gpu_route.SERVER_ARGS`) in bfloat16 with
-random weights (`--load-format dummy`) on the Qwen3-VL-8B-shaped config (`testing/qwen3_vl_8b_shape.py`):
-`graph` with decode graphs and breakable prefill graphs (buckets of 256-4096 tokens, so that a prompt pads at
-most 2x), the prefill backend named (`--cuda-graph-backend-prefill breakable`: the plugin turns its models' prefill
-graphs on by itself only where the server's default prunes, and this server has none, each request naming its
-rate) and `eager` (prefill graphs off). Clips from `bench/make_video_dataset.py` (half
-static, half a moving square). For each clip the rates go in an order rotated per clip and, for each rate,
-the two servers in alternating order; each measurement is, on a flushed radix cache:
-  - a streamed video chat request with one output token: TTFT, and the prompt tokens the server reports;
-  - the vision tower's time in that request, `T_vit`, from the plugin's trace (`video_encoded`, timed to the
-    end of its kernels);
-  - a text-only request of the same prompt length: `T_lm(kept)` = P(n_q) (`bench/measure.prefill_ms`).
-Reported per server and rate (medians over clips): prompt tokens, TTFT, T_vit, T_lm(kept), the tower's
-ideal `T_vit + T_lm(kept)` and TTFT over it; the ideal of `bench/ratios.py`, `E + P(n_q)` with
-`E = median(TTFT - P(n_0))` at q = 0, and TTFT over it; per clip TTFT(q)/TTFT(0) (geometric mean and 95 %
-interval); per (clip, rate) eager/graph TTFT. The graph server's trace also tells whether each timed request
-replayed a prefill graph (a request that did not is counted, not timed as eager).
+Three servers run at once on the GPU, each on the GPU route (`sglang_evs.runtime.gpu_route.SERVER_ARGS`) in bfloat16
+with random weights (`--load-format dummy`) on the Qwen3-VL-8B-shaped config (`testing/qwen3_vl_8b_shape.py`):
+`upstream` (`SGLANG_PLUGINS=none`: SGLang without the plugin), `plugin` (default q = 0) and `pruning` (default
+`--server-rate`, set as a user sets it: `--json-model-override-args`, so the plugin turns its prefill graphs on).
+All three run SGLang's profiled defaults for this model and card (chunk size, prefill graphs, no
+`SGLANG_VLM_CACHE_SIZE_MB`, no `--mm-feature-transport`), in graph mode, and differ from them only where the
+three must share the card or be measured: a KV pool of 65536 tokens each, decode graphs up to the largest
+`--concurrency`, `--enable-metrics` (SGLang's per-request time stats). The two plugin servers are traced (each
+encode timed to the end of its kernels: a device synchronize upstream does not pay).
 
-`--smoke`: the tiny Qwen3-VL in float32 on one CPU server in graph mode (SGLang's graph runners replaying on
-CPU stand-ins) standing for both sides, 2 s clips of 64 x 64: every step runs, replays are counted, the
-figures say nothing (`test/bench/test_bench_gpu_ttft.py` runs it with one clip).
+Part 1 (`requests`): clips of each `--seconds` from `bench/make_video_dataset.py` (half static, half a moving
+square); per clip, the clip lengths in turn and the variants in an order rotated per clip, each on a flushed cache:
+  - a video chat request with one output token: TTFT (until its reply) and the prompt tokens;
+  - the tokenizer's processing time: the plugin trace's `processed` event; upstream, which has no trace,
+    SGLang's own time stats (received until handed to the scheduler, `bench.measure.sglang_processing_ms`);
+  - the vision tower's encodes in that request, how many and their time `T_vit` (the trace's `video_encoded`
+    events naming the request's videos); unknown (None) upstream: no plugin, no trace;
+  - `T_lm(kept)`: a text-only request of the same prompt length (`bench/measure.prefill_ms`).
+Part 2 (`load`): SGLang's bench_serving (`python -m sglang.benchmark.serving --dataset-name openai`, in this
+process) on distinct `--load-seconds` clips at each `--concurrency`, for upstream, q = 0 and the pruning server's
+default, in an order rotated per concurrency: req/s, TTFT p50 and p99, and how many times each video was encoded.
+
+Every sample is appended to the JSONL `--output` as it is measured (and flushed), so a run cut short keeps what it
+measured; the report is computed from that file alone (`--report`), from the clips and concurrencies measured on
+every variant. `--budget-s`: no work starts that would end past this many seconds after the start (by the longest
+of its kind so far); the servers' stop and the report take about a minute more. SIGINT stops it the same way.
+
+`--smoke`: the tiny Qwen3-VL in float32 on three CPU servers in graph mode (SGLang's graph runners replaying on CPU
+stand-ins), 1 and 2 s clips of 64 x 64, concurrency 1 and 2, both parts: every step runs, the figures say nothing
+(`test/bench/test_bench_gpu_ttft.py`).
 """
 
 import argparse
+import functools
+import itertools
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
+STEPS = {"1": ("requests",), "2": ("load",), "all": ("requests", "load")}
+SERVERS = ("upstream", "plugin", "pruning")
+UPSTREAM_ENV = {"SGLANG_PLUGINS": "none"}  # SGLang without the plugin, as the tests' upstream servers run
 REPLAY_PHASE = "prefill"
-BUCKETS = (256, 512, 1024, 2048, 4096)  # prefill graph buckets (tokens): each at most twice the one below
+KV_TOKENS = 65536  # each server's pool: a 120 s clip (~25k tokens), or 32 8 s clips at once (~54k)
+LOAD_OUTPUT_TOKENS = 16  # a load request's reply: TTFT and req/s measure the prefill, not a long decode
 
 
-def gpu_server_args(prefill_graphs: bool, chunk: int = BUCKETS[-1]) -> list[str]:
-    """One side's server: the GPU route in bfloat16 with random weights; prefill graphs on (breakable, named)
-    or off."""
+class Defaults(NamedTuple):
+    seconds: tuple[float, ...]
+    size: str
+    fps: int
+    clips: int
+    concurrency: tuple[int, ...]
+    min_prompts: int
+    load_seconds: float
+
+
+DEFAULTS = {
+    "gpu": Defaults((8, 48, 120), "448x448", 2, 4, (1, 8, 32), 16, 8),  # 8 s: ~1.7k video tokens at q = 0
+    "smoke": Defaults((1, 2), "64x64", 4, 1, (1, 2), 2, 1),
+}
+
+
+class Variant(NamedTuple):
+    name: str  # as reported: "upstream", "q=0", "q=0.75", ...
+    server: str  # the one of SERVERS that serves it
+    rate: float
+    fields: dict  # request fields: {} where the server's default applies
+
+
+def variants(server_rate: float, rates: Iterable[float], method: str) -> list[Variant]:
+    """Upstream, the plugin at q = 0, the pruning server at its default, then each other rate asked per request
+    there."""
+    from sglang_evs.testing.requests import per_request_rate
+
+    out = [Variant("upstream", "upstream", 0.0, {}), Variant("q=0", "plugin", 0.0, {}),
+           Variant(f"q={server_rate:g}", "pruning", server_rate, {})]  # fmt: skip
+    others = sorted(set(rates) - {server_rate})
+    return out + [Variant(f"q={q:g}", "pruning", q, per_request_rate(q, method)) for q in others]
+
+
+def deployed(plan: list[Variant]) -> list[Variant]:
+    """The variants at a server's default, as a user deploys them: the ones measured under load too."""
+    return [v for v in plan if not v.fields]
+
+
+def gpu_server_args(max_concurrency: int) -> list[str]:
+    """A server on the GPU: the route, bfloat16, random weights, SGLang's time stats, a KV pool of its own size and
+    decode graphs up to the load's concurrency; SGLang's defaults otherwise. The memory fraction is of what is free
+    as the server starts: with the pool capped, three servers starting together each get theirs."""
     from sglang_evs.runtime.gpu_route import SERVER_ARGS
-    from sglang_evs.testing.gpu import without_prefill_graphs
-    from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG
 
-    args = [
-        *SERVER_ARGS, "--dtype", "bfloat16", "--load-format", "dummy", "--chunked-prefill-size", str(chunk),
-        "--cuda-graph-bs-prefill", *(str(b) for b in BUCKETS if b <= chunk), "--cuda-graph-max-bs-decode", "4",
-        "--mem-fraction-static", "0.4", "--context-length", "32768",
-    ]  # fmt: skip
-    return [*args, *PREFILL_GRAPHS_BY_FLAG] if prefill_graphs else without_prefill_graphs(args)
+    return [*SERVER_ARGS, "--dtype", "bfloat16", "--load-format", "dummy", "--context-length", "32768",
+            "--mem-fraction-static", "0.7", "--max-total-tokens", str(KV_TOKENS),
+            "--cuda-graph-max-bs-decode", str(max_concurrency), "--enable-metrics"]  # fmt: skip
 
 
-# --smoke: float32 on CPU in graph mode (SGLang's graph runners replaying on CPU stand-ins), prefill graphs of
-# one bucket, a chunk that holds a whole 2 s clip's prompt (each pads under 2x), decode graphs for 1 and 2
-SMOKE_ARGS = ["--dtype", "float32", "--chunked-prefill-size", "256", "--cuda-graph-bs-prefill", "256",
-              "--cuda-graph-max-bs-decode", "2"]  # fmt: skip
+def smoke_server_args(max_concurrency: int) -> list[str]:
+    """A CPU server of --smoke: float32, a chunk that holds a 2 s clip's prompt, one prefill graph bucket of it."""
+    return ["--dtype", "float32", "--chunked-prefill-size", "256", "--cuda-graph-bs-prefill", "256",
+            "--cuda-graph-max-bs-decode", str(max_concurrency), "--enable-metrics"]  # fmt: skip
 
 
-def launch(model: str, work: Path, side: str, trace_path: Path, smoke: bool):
-    """The server of one side (`testing.server.Launch`), traced; --smoke: a CPU server."""
+def server_args(server: str, smoke: bool, max_concurrency: int, server_rate: float, method: str) -> list[str]:
+    from sglang_evs.bench.launch import rate_args
+
+    common = smoke_server_args(max_concurrency) if smoke else gpu_server_args(max_concurrency)
+    return [*common, *(rate_args(server_rate, method) if server == "pruning" else [])]
+
+
+def launch(server: str, model: str, work: Path, args: list[str], smoke: bool):
+    """One of SERVERS (`testing.server.Launch`): the plugin's traced, upstream without the plugin."""
+    from sglang_evs import trace
     from sglang_evs.testing.gpu import ROUTE_ON
     from sglang_evs.testing.server import Launch
 
-    env = {"SGLANG_EVS_TRACE": str(trace_path), **({} if smoke else ROUTE_ON)}
-    from sglang_evs.testing.server import PREFILL_GRAPHS_BY_FLAG
-
-    args = [*SMOKE_ARGS, *PREFILL_GRAPHS_BY_FLAG] if smoke else gpu_server_args(side == "graph")
-    return Launch(model, work / f"{side}.log", args, env, cpu=smoke, graph_mode=smoke)
+    env = UPSTREAM_ENV if server == "upstream" else {trace.ENV: str(trace_path(work, server))}
+    return Launch(model, work / f"{server}.log", args, {**env, **({} if smoke else ROUTE_ON)}, cpu=smoke,
+                  graph_mode=smoke)  # fmt: skip
 
 
-def prefill_replays(trace_path: Path, since: int) -> int:
-    from sglang_evs.bench.measure import trace_size
-
-    if trace_size(trace_path) <= since:
-        return 0
-    with trace_path.open() as lines:
-        lines.seek(since)
-        events = [json.loads(line) for line in lines if line.strip()]
-    return sum(e["event"] == "graph_replay" and e["phase"] == REPLAY_PHASE for e in events)
+def trace_path(work: Path, server: str) -> Path:
+    return work / f"trace-{server}.jsonl"
 
 
-def measure(base_url: str, line: dict, rate: float, method: str, trace_path: Path, seed: int) -> dict:
-    """One video request at `rate` on a flushed cache, its stage times, then P(n) of its prompt length."""
-    from sglang_evs.bench.measure import prefill_ms, stage_times, timed_video_request, trace_size
+class Server(NamedTuple):
+    url: str
+    trace: Path | None  # None: upstream, no plugin to trace
+
+
+class OutOfBudget(Exception):
+    """The next piece of work would end past the time budget: it is not started."""
+
+
+class Run:
+    """The JSONL the samples go to, each appended and flushed as it is measured, and the time budget: a piece of
+    work starts only where it would end within it, taking as long as the longest of its kind so far (or of any
+    kind, for the first of a kind)."""
+
+    def __init__(self, output: Path, budget_s: float | None, clock: Callable[[], float] = time.monotonic):
+        self.output, self.clock, self.started = output, clock, clock()
+        self.deadline = None if budget_s is None else self.started + budget_s
+        self.longest: dict[str, float] = {}
+        self.id = f"{time.strftime('%Y%m%dT%H%M%S')}-{id(self) % 10000}"
+
+    def write(self, record: dict) -> None:
+        with self.output.open("a") as out:
+            out.write(json.dumps({"run": self.id, **record}) + "\n")
+
+    def sample(self, kind: str, measure: Callable[[], dict], **fields) -> dict:
+        expected = self.longest.get(kind, max(self.longest.values(), default=0.0))
+        if self.deadline is not None and self.clock() + expected > self.deadline:
+            raise OutOfBudget(kind)
+        start = self.clock()
+        record = {**fields, **measure()}
+        took = self.clock() - start
+        self.longest[kind] = max(took, self.longest.get(kind, 0.0))
+        self.write({**record, "took_s": round(took, 3), "at_s": round(self.clock() - self.started, 1)})
+        return record
+
+
+def rotated(items: Sequence, by: int) -> list:
+    return list(items[by % len(items) :]) + list(items[: by % len(items)])
+
+
+def request_costs(events: list[dict] | None, meta: dict) -> dict:
+    """Processing, encodes and prefill replays of one request: from the plugin's trace, or (`events` None: upstream,
+    no plugin, no trace) processing from SGLang's own time stats and the rest unknown."""
+    from sglang_evs.bench.measure import request_encodes, sglang_processing_ms
+
+    sglang_ms = sglang_processing_ms(meta)
+    if events is None:
+        return {"processing_ms": sglang_ms, "processing_from": "sglang", "sglang_processing_ms": sglang_ms,
+                "encodes": None, "vit_ms": None, "prefill_replays": None}  # fmt: skip
+    encodes, vit_ms = request_encodes(events)
+    replays = sum(e["event"] == "graph_replay" and e["phase"] == REPLAY_PHASE for e in events)
+    processing = sum(e["ms"] for e in events if e["event"] == "processed")
+    return {"processing_ms": processing, "processing_from": "trace", "sglang_processing_ms": sglang_ms,
+            "encodes": encodes, "vit_ms": vit_ms, "prefill_replays": replays}  # fmt: skip
+
+
+def measure_request(server: Server, line: dict, fields: dict, seed: int) -> dict:
+    """One video request on a flushed cache and what it cost, then T_lm(kept) = P(n) at its prompt length."""
+    from sglang_evs.bench.measure import meta_reply, prefill_ms, trace_size, trace_window
     from sglang_evs.testing.requests import flush_cache
 
-    flush_cache(base_url)
-    since = trace_size(trace_path)
-    timed = timed_video_request(base_url, line, rate, method)
-    stages = stage_times(trace_path, since)
-    replays = prefill_replays(trace_path, since)
-    lm_ms = prefill_ms(base_url, timed.prompt_tokens, reps=1, seed=seed)
-    return {"rate": rate, "ttft_ms": timed.ttft_ms, "tokens": timed.prompt_tokens, "vit_ms": stages["encoder_ms"],
-            "lm_ms": lm_ms, "prefill_replays": replays, "stages": stages}  # fmt: skip
+    flush_cache(server.url)
+    since = trace_size(server.trace) if server.trace else 0
+    reply = meta_reply(server.url, line, fields)
+    events = trace_window(server.trace, since) if server.trace else None
+    lm_ms = prefill_ms(server.url, reply.prompt_tokens, reps=1, seed=seed)
+    server_ttft = reply.meta.get("first_token_latency")
+    return {"ttft_ms": reply.ttft_ms, "server_ttft_ms": None if server_ttft is None else server_ttft * 1000,
+            "tokens": reply.prompt_tokens, "lm_ms": lm_ms, **request_costs(events, reply.meta)}  # fmt: skip
 
 
-def schedule(clips: int, rates: list[float]) -> list[tuple[int, float, tuple[str, str]]]:
-    """(clip, rate, side order): rates rotated per clip, sides alternating from one measurement to the next."""
-    out = []
-    for clip in range(clips):
-        for rate in rates[clip % len(rates) :] + rates[: clip % len(rates)]:
-            out.append((clip, rate, ("graph", "eager") if len(out) % 2 == 0 else ("eager", "graph")))
-    return out
+def warm_request(server: Server, line: dict, fields: dict) -> dict:
+    from sglang_evs.bench.measure import meta_reply
+
+    return {"ttft_ms": meta_reply(server.url, line, fields).ttft_ms}
 
 
-def complete_clips(samples: list[dict], rates: list[float]) -> list[dict]:
-    """The samples of the clips measured at every rate on both servers (a run stopped early leaves one part-done)."""
-    done = {(s["clip"], s["side"], s["rate"]) for s in samples}
-    full = {c for c, _, _ in done if all((c, side, q) in done for side in ("graph", "eager") for q in rates)}
-    return [s for s in samples if s["clip"] in full]
+def run_requests(run: Run, servers: dict[str, Server], datasets: dict[float, Path], plan: list[Variant]) -> None:
+    """Part 1: a warm-up request per clip length and variant (the first of each shape and rate is not measured),
+    then per clip every length and every variant, the variants' order rotated per clip and length."""
+    from sglang_evs.bench.make_video_dataset import WARMUP_CLIP, request_line
+
+    for seconds, dataset in datasets.items():
+        warm = request_line(dataset.parent / WARMUP_CLIP, 1)
+        for v in plan:
+            job = functools.partial(warm_request, servers[v.server], warm, v.fields)
+            run.sample("warmup", job, step="warmup", seconds=seconds, variant=v.name)
+    lines = {s: [json.loads(line) for line in d.read_text().splitlines() if line.strip()] for s, d in datasets.items()}
+    for clip in range(max(map(len, lines.values()), default=0)):
+        for i, seconds in enumerate(lines):
+            for j, v in enumerate(rotated(plan, clip + i)):
+                if clip < len(lines[seconds]):
+                    job = functools.partial(measure_request, servers[v.server], lines[seconds][clip], v.fields,
+                                             seed=1000 * clip + 10 * i + j)  # fmt: skip
+                    run.sample(f"requests-{seconds:g}s", job, step="requests", seconds=seconds, clip=clip,
+                               variant=v.name, server=v.server, rate=v.rate)  # fmt: skip
 
 
-def summarize(samples: list[dict], rates: list[float]) -> dict:
-    """Samples `{"clip", "side", "rate", "ttft_ms", "tokens", "vit_ms", "lm_ms", ...}` -> per side and rate
-    the medians and both ideals, TTFT against q = 0 per clip, eager over graph per (clip, rate)."""
-    from sglang_evs.bench.ratios import geometric_interval, ideal_ttft_ms
+def load_run(server: Server, dataset: Path, concurrency: int, prompts: int, out_file: Path) -> dict:
+    """bench_serving on `prompts` distinct clips at `concurrency`: its figures, each request's TTFT, and (traced)
+    how many times each video was encoded and the tower's time."""
+    from sglang_evs.bench.measure import encodes_per_video, run_bench_serving, trace_size, trace_window
+    from sglang_evs.bench.ratios import summarize_bench
 
-    by = {(s["side"], s["clip"], s["rate"]): s for s in samples}
-    sides = sorted({s["side"] for s in samples})
-    rows, ttft_vs_q0 = [], {}
-    for side in sides:
-        mine = [s for s in samples if s["side"] == side]
-        encoder = statistics.median(s["ttft_ms"] - s["lm_ms"] for s in mine if s["rate"] == 0.0)
-        for rate in rates:
-            at = [s for s in mine if s["rate"] == rate]
-            med = {k: statistics.median(s[k] for s in at) for k in ("ttft_ms", "tokens", "vit_ms", "lm_ms")}
-            ideal_vit, ideal_e = med["vit_ms"] + med["lm_ms"], ideal_ttft_ms(encoder, med["lm_ms"])
-            rows.append({"side": side, "rate": rate, **med, "ideal_vit_ms": ideal_vit,
-                         "ttft_over_ideal_vit": med["ttft_ms"] / ideal_vit, "encoder_e_ms": encoder,
-                         "ideal_e_ms": ideal_e, "ttft_over_ideal_e": med["ttft_ms"] / ideal_e})  # fmt: skip
-        clips = sorted({s["clip"] for s in mine})
-        ttft_vs_q0[side] = {
-            str(rate): geometric_interval([by[side, c, rate]["ttft_ms"] / by[side, c, 0.0]["ttft_ms"] for c in clips])
-            for rate in rates
-            if rate
-        }
-    eager_over_graph = {}
-    if {"graph", "eager"} <= set(sides):
-        keys = sorted({(s["clip"], s["rate"]) for s in samples})
-        for rate in rates:
-            ratios = [by["eager", c, q]["ttft_ms"] / by["graph", c, q]["ttft_ms"] for c, q in keys if q == rate]
-            eager_over_graph[str(rate)] = geometric_interval(ratios)
-        eager_over_graph["all"] = geometric_interval(
-            [by["eager", c, q]["ttft_ms"] / by["graph", c, q]["ttft_ms"] for c, q in keys]
-        )
-    graph = [s for s in samples if s["side"] == "graph"]
-    replayed = {"timed": len(graph), "replayed_a_prefill_graph": sum(s["prefill_replays"] > 0 for s in graph)}
-    return {
-        "rows": rows,
-        "ttft_vs_q0": ttft_vs_q0,
-        "eager_over_graph_ttft": eager_over_graph,
-        "graph_replays": replayed,
+    since = trace_size(server.trace) if server.trace else 0
+    dataset_args = ("--dataset-name", "openai", "--dataset-path", str(dataset))
+    record = run_bench_serving(server.url, out_file, dataset_args, prompts, concurrency)
+    sample = {**summarize_bench(record), "ttfts_ms": [t * 1000 for t in record["ttfts"]],
+              "videos_encoded": None, "encodes": None, "vit_ms": None}  # fmt: skip
+    if server.trace:
+        events = trace_window(server.trace, since)
+        per_video = encodes_per_video(events)
+        vit_ms = sum(e["ms"] for e in events if e["event"] == "video_encoded")
+        sample.update(videos_encoded=len(per_video), encodes=sum(per_video.values()), vit_ms=vit_ms)
+    return sample
+
+
+def make_clips(args: argparse.Namespace, steps: Sequence[str], work: Path) -> tuple[dict, dict]:
+    """Part 1's clips, a dataset per length (`bench/make_video_dataset.py`), and part 2's, a dataset per
+    concurrency: `--min-prompts` or twice the concurrency, clips of no other run, so that none is found in a cache
+    a run before it filled (SGLang's vision cache where it has one: 100 MB on CPU)."""
+    from sglang_evs.bench.make_video_dataset import make_video_dataset, parse_size
+
+    shape = {"size": parse_size(args.size), "fps": args.fps, "static_share": 0.5}
+    datasets = {
+        seconds: make_video_dataset(
+            work / f"clips-{seconds:g}s", args.clips, seconds=seconds, max_tokens=1, seed=1000 * i, **shape
+        )  # fmt: skip
+        for i, seconds in enumerate(args.seconds if "requests" in steps else [])
     }
+    load_datasets = {}
+    if "load" in steps:
+        counts = [max(args.min_prompts, 2 * c) for c in args.concurrency]
+        folder = work / f"load-clips-{args.load_seconds:g}s"
+        every = make_video_dataset(folder, sum(counts), seconds=args.load_seconds, max_tokens=LOAD_OUTPUT_TOKENS,
+                                   seed=7000, **shape).read_text().splitlines()  # fmt: skip
+        for c, start, count in zip(args.concurrency, itertools.accumulate([0, *counts]), counts, strict=False):
+            load_datasets[c] = folder / f"dataset-c{c}.jsonl"
+            load_datasets[c].write_text("\n".join(every[start : start + count]) + "\n")
+    return datasets, load_datasets
 
 
-def interval(summary: dict) -> str:
-    if summary["low"] is None:
-        return f"{summary['geometric_mean']:.3f}x ({summary['pairs']} pairs)"
-    return (
-        f"{summary['geometric_mean']:.3f}x (95 % {summary['low']:.3f}-{summary['high']:.3f}, {summary['pairs']} pairs)"
-    )
+def run_load(run: Run, servers: dict[str, Server], datasets: dict[int, Path], plan: list[Variant], work: Path) -> None:
+    """Part 2: a warm-up per server (video and image, in no measured request), then per concurrency each deployed
+    variant on that concurrency's clips, the order rotated per concurrency."""
+    for v in deployed(plan):
+        dataset = next(iter(datasets.values()))
+        run.sample("warmup", functools.partial(warm_up_server, servers[v.server], work, dataset), step="warmup",
+                   variant=v.name)  # fmt: skip
+    for i, (c, dataset) in enumerate(datasets.items()):
+        prompts = len(dataset.read_text().splitlines())
+        for v in rotated(deployed(plan), i):
+            job = functools.partial(
+                load_run, servers[v.server], dataset, c, prompts, work / f"load-{v.server}-c{c}.jsonl"
+            )
+            run.sample(f"load-c{c}", job, step="load", concurrency=c, prompts=prompts, variant=v.name,
+                       server=v.server, rate=v.rate)  # fmt: skip
 
 
-def report(result: dict) -> str:
-    lines = [f"{result['setup']['what']} ({result['setup']['device']})",
-             "side   q     tokens  TTFT ms  T_vit ms  T_lm(kept) ms  T_vit+T_lm  TTFT/that "
-             " E+P ideal  TTFT/that"]  # fmt: skip
-    for r in result["rows"]:
-        lines.append(f"{r['side']:<6} {r['rate']:<5} {r['tokens']:>6.0f} {r['ttft_ms']:>8.1f} {r['vit_ms']:>9.1f} "
-                     f"{r['lm_ms']:>14.1f} {r['ideal_vit_ms']:>11.1f} {r['ttft_over_ideal_vit']:>10.3f} "
-                     f"{r['ideal_e_ms']:>10.1f} {r['ttft_over_ideal_e']:>10.3f}")  # fmt: skip
-    for side, by_rate in result["ttft_vs_q0"].items():
-        for rate, summary in by_rate.items():
-            lines.append(f"{side}: TTFT q={rate} / q=0 {interval(summary)}")
-    for rate, summary in result["eager_over_graph_ttft"].items():
-        lines.append(f"eager/graph TTFT at q={rate}: {interval(summary)}")
-    if result.get("interrupted"):
-        lines.append(f"stopped early (time limit): {result['setup']['clips']} clips measured in full")
-    replays = result["graph_replays"]
-    lines.append(f"graph server: {replays['replayed_a_prefill_graph']} of {replays['timed']} timed requests "
-                 "replayed a prefill graph")  # fmt: skip
+def warm_up_server(server: Server, work: Path, dataset: Path) -> dict:
+    from sglang_evs.bench.measure import warm_up
+
+    warm_up(server.url, work, dataset)
+    return {}
+
+
+def read_records(paths: Iterable[Path]) -> list[dict]:
+    """The records of the JSONL files, in order; a line cut off by a stop is left out."""
+    records = []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def complete_groups(samples: list[dict], key: Sequence[str], expected: dict[str, list[str]]) -> dict[tuple, dict]:
+    """`{(run, *key values): {variant: sample}}` of the groups measured on every variant their run `expected`."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for s in samples:
+        groups.setdefault((s["run"], *(s[k] for k in key)), {})[s["variant"]] = s
+    return {k: g for k, g in groups.items() if set(g) == set(expected.get(k[0], ()))}
+
+
+def median(values: list) -> float | None:
+    """The median; None where a value is unknown (upstream's encodes) or there is none."""
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
+def ratio(groups: list[dict[str, dict]], field: str, num: str, den: str) -> dict:
+    """`field` of `num` over `den`, paired within each group: geometric mean and 95 % interval."""
+    from sglang_evs.bench.ratios import geometric_interval
+
+    return geometric_interval([g[num][field] / g[den][field] for g in groups])
+
+
+LOAD_RATIOS = {"req/s": "request_throughput", "TTFT p50": "median_ttft_ms", "TTFT p99": "p99_ttft_ms"}
+
+
+def summarize(records: list[dict]) -> dict:
+    """The samples of one or more runs -> per clip length and variant the medians and TTFT over its parts, the TTFT
+    ratios paired by clip, and per concurrency and variant the load figures and their ratios."""
+    setups = [r for r in records if r["step"] == "setup"]
+    order = list(dict.fromkeys(v for s in setups for v in s["variants"]))
+    samples = {step: [r for r in records if r["step"] == step] for step in ("requests", "load")}
+    requests = complete_groups(samples["requests"], ("seconds", "clip"), {s["run"]: s["variants"] for s in setups})
+    load = complete_groups(samples["load"], ("concurrency",), {s["run"]: s["load_variants"] for s in setups})
+    rows, ratios = [], {}
+    for seconds in sorted({k[1] for k in requests}):
+        groups = [g for k, g in requests.items() if k[1] == seconds]
+        for name in [v for v in order if v in groups[0]]:
+            at = [g[name] for g in groups]
+            med = {k: median([s[k] for s in at]) for k in ("tokens", "ttft_ms", "processing_ms", "encodes", "vit_ms",
+                                                          "lm_ms")}  # fmt: skip
+            parts = None if med["vit_ms"] is None else med["processing_ms"] + med["vit_ms"] + med["lm_ms"]
+            rows.append({"seconds": seconds, "variant": name, "clips": len(at), **med, "parts_ms": parts,
+                         "ttft_over_parts": None if parts is None else med["ttft_ms"] / parts,
+                         "processing_from": at[0]["processing_from"]})  # fmt: skip
+        others = [v for v in order if v != "upstream"]
+        pairs = [(v, "upstream") for v in others] + [(v, "q=0") for v in others if v != "q=0"]
+        ratios[f"{seconds:g}"] = {f"{a}/{b}": ratio(groups, "ttft_ms", a, b) for a, b in pairs if a in groups[0]}
+    load_rows, load_ratios = [], {}
+    for c in sorted({k[1] for k in load}):
+        groups = [g for k, g in load.items() if k[1] == c]
+        for name in [v for v in order if v in groups[0]]:
+            at = [g[name] for g in groups]
+            encodes = median([s["encodes"] / s["videos_encoded"] if s["videos_encoded"] else None for s in at])
+            load_rows.append({"concurrency": c, "variant": name, "runs": len(at), "prompts": at[0]["prompts"],
+                              "req_per_s": median([s["request_throughput"] for s in at]),
+                              "ttft_p50_ms": median([s["median_ttft_ms"] for s in at]),
+                              "ttft_p99_ms": median([s["p99_ttft_ms"] for s in at]),
+                              "tokens": median([s["mean_prompt_tokens"] for s in at]),
+                              "encodes_per_video": encodes})  # fmt: skip
+        load_ratios[str(c)] = {
+            f"{label} {v}/upstream": ratio(groups, field, v, "upstream")
+            for label, field in LOAD_RATIOS.items()
+            for v in order
+            if v != "upstream" and v in groups[0]
+        }
+    ends = [r for r in records if r["step"] == "end"]
+    return {"setups": setups, "ends": ends, "requests": rows, "ttft_ratios": ratios, "load": load_rows,
+            "load_ratios": load_ratios}  # fmt: skip
+
+
+def cell(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(summary: dict) -> str:
+    from sglang_evs.bench.report import interval_text
+
+    lines = []
+    for setup in summary["setups"]:
+        end = next((e for e in summary["ends"] if e["run"] == setup["run"]), {"reason": "no end record (cut off)"})
+        lines.append(f"{setup['what']} on {setup['device']}, part {setup['part']}, {setup['date']}: "
+                     f"{end['reason']}")  # fmt: skip
+    if summary["requests"]:
+        lines += ["per request, medians over the clips measured on every variant; processing: the plugin's trace, "
+                  "upstream SGLang's time stats; upstream's encodes unknown (no plugin, no trace)",
+                  "clip  variant   clips  tokens  TTFT ms  proc ms  encodes  T_vit ms  T_lm(kept) ms  "
+                  "proc+T_vit+T_lm  TTFT/that"]  # fmt: skip
+        for r in summary["requests"]:
+            lines.append(f"{r['seconds']:>3g}s  {r['variant']:<9} {r['clips']:>5} {cell(r['tokens'], '.0f'):>7} "
+                         f"{cell(r['ttft_ms']):>8} {cell(r['processing_ms']):>8} {cell(r['encodes'], 'g'):>8} "
+                         f"{cell(r['vit_ms']):>9} {cell(r['lm_ms']):>14} {cell(r['parts_ms']):>16} "
+                         f"{cell(r['ttft_over_parts'], '.3f'):>10}")  # fmt: skip
+        for seconds, by_pair in summary["ttft_ratios"].items():
+            for pair, interval in by_pair.items():
+                lines.append(f"{seconds}s clips: TTFT {pair} {interval_text(interval)}")
+    if summary["load"]:
+        seconds = sorted({s["load_seconds"] for s in summary["setups"] if "load" in s["steps"]})
+        lines.append(f"under load (bench_serving; {'/'.join(f'{x:g}' for x in seconds)} s clips, one per request)")
+        lines.append("concurrency  variant   prompts  tokens  req/s    TTFT p50 ms  TTFT p99 ms  encodes/video")
+        for r in summary["load"]:
+            lines.append(f"{r['concurrency']:>11}  {r['variant']:<9} {r['prompts']:>7} {cell(r['tokens'], '.0f'):>7} "
+                         f"{r['req_per_s']:>6.3f} {r['ttft_p50_ms']:>12.1f} {r['ttft_p99_ms']:>12.1f} "
+                         f"{cell(r['encodes_per_video'], '.2f'):>14}")  # fmt: skip
+        for c, by_pair in summary["load_ratios"].items():
+            for pair, interval in by_pair.items():
+                lines.append(f"concurrency {c}: {pair} {interval_text(interval)}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--report", type=Path, nargs="+", help="only report these JSONL files' samples")
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, both parts")
+    parser.add_argument("--part", choices=sorted(STEPS), default=None, help="1: requests, 2: load (--smoke: all)")
+    parser.add_argument("--budget-s", type=float, default=None, help="start no work that would end later than this")
     parser.add_argument("--model-path", default=None, help="default: the 8B-shaped config (--smoke: the tiny model)")
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, one server for both sides")
-    parser.add_argument("--clips", type=int, default=6)
-    parser.add_argument("--seconds", type=float, default=8.0)  # about 3.2k video tokens at 448 x 448
-    parser.add_argument("--size", default="448x448", help="HxW of the clips")
-    parser.add_argument("--fps", type=int, default=2)
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.5, 0.75])
+    parser.add_argument("--seconds", type=float, nargs="+", help="clip lengths of part 1 (default 8 48 120)")
+    parser.add_argument("--clips", type=int, help="clips of each length (default 4)")
+    parser.add_argument("--size", help="HxW of the clips (default 448x448)")
+    parser.add_argument("--fps", type=int, help="default 2")
+    parser.add_argument("--concurrency", type=int, nargs="+", help="part 2 (default 1 8 32)")
+    parser.add_argument("--min-prompts", type=int, help="requests of a load run: this, or twice its concurrency")
+    parser.add_argument("--load-seconds", type=float, help="clip length of part 2 (default 8)")
+    parser.add_argument("--server-rate", type=float, default=0.75, help="the pruning server's default q")
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.5, 0.75], help="q > 0 on the pruning server")
     parser.add_argument("--method", default="evs")
     parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/gpu_ttft"))
-    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--output", type=Path, default=None, help="the samples' JSONL (default WORKDIR/samples.jsonl)")
     args = parser.parse_args(argv)
-    rates = sorted(set(args.rates) | {0.0})
+    if not 0 < args.server_rate < 1 or not all(0 < q < 1 for q in args.rates):
+        parser.error("--server-rate and --rates are in (0, 1): q = 0 is the plugin server's")
+    defaults = DEFAULTS["smoke" if args.smoke else "gpu"]
+    for field, value in defaults._asdict().items():
+        if getattr(args, field) is None:
+            setattr(args, field, value)
+    args.part = args.part or ("all" if args.smoke else "1")
+    return args
 
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    if args.report:
+        summary = summarize(read_records(args.report))
+        print(report(summary))
+        return summary
+    run_started = time.monotonic()
     device = "CPU (smoke)"
     if not args.smoke:
         import torch
@@ -208,63 +468,61 @@ def main(argv: list[str] | None = None) -> dict:
         if not torch.cuda.is_available():
             sys.exit("bench_gpu_ttft needs a CUDA GPU (or --smoke for the CPU dry run)")
         device = torch.cuda.get_device_name()
-    from sglang_evs.bench.make_video_dataset import make_video_dataset, parse_size, request_line
-    from sglang_evs.bench.measure import timed_video_request
+    from sglang_evs import sglang_compat as sglang
     from sglang_evs.testing import qwen3_vl_8b_shape, tiny_model
     from sglang_evs.testing.server import running_servers
 
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
+    output = args.output or work / "samples.jsonl"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.unlink(missing_ok=True)
+    budget = None if args.budget_s is None else args.budget_s - (time.monotonic() - run_started)
+    run = Run(output, budget)
     if args.smoke:
         model = args.model_path or str(tiny_model.build_tiny_qwen3_vl(work / "tiny-qwen3-vl"))
     else:
         model = args.model_path or str(qwen3_vl_8b_shape.build(work / "qwen3-vl-8b-shape"))
-    seconds, size, fps = (2.0, (64, 64), 4) if args.smoke else (args.seconds, parse_size(args.size), args.fps)
-    dataset = make_video_dataset(work / "clips", args.clips, 0.5, seconds=seconds, size=size, fps=fps, max_tokens=1)
-    lines = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
-    warm_line = request_line(dataset.parent / "warmup.mp4", 1)
-    traces = {side: work / f"trace-{side}.jsonl" for side in ("graph", "eager")}
-    for path in traces.values():
-        path.unlink(missing_ok=True)
-
-    sides = ("graph",) if args.smoke else ("graph", "eager")  # --smoke: one server stands for both
-    started = time.monotonic()
-    with running_servers(*(launch(model, work, side, traces[side], args.smoke) for side in sides), timeout=900) as up:
-        urls = {side: server.base_url for side, server in zip(sides, up, strict=True)}
-        if args.smoke:
-            urls["eager"], traces["eager"] = urls["graph"], traces["graph"]
-        for url in set(urls.values()):  # the first request of each rate and shape is not measured
-            for rate in rates:
-                timed_video_request(url, warm_line, rate, args.method)
-        samples, interrupted = [], False
+    steps, plan = STEPS[args.part], variants(args.server_rate, args.rates, args.method)
+    max_concurrency = max(args.concurrency)
+    args_of = {s: server_args(s, args.smoke, max_concurrency, args.server_rate, args.method) for s in SERVERS}
+    what = "smoke: tiny Qwen3-VL, float32, CPU graph mode" if args.smoke else "Qwen3-VL-8B-shaped, bfloat16, dummy"
+    run.write({"step": "setup", "what": what, "device": device, "part": args.part, "steps": list(steps),
+               "model": model, "variants": [v.name for v in plan],
+               "load_variants": [v.name for v in deployed(plan)], "method": args.method, "seconds": args.seconds,
+               "clips": args.clips, "size": args.size, "fps": args.fps, "concurrency": args.concurrency,
+               "min_prompts": args.min_prompts, "load_seconds": args.load_seconds, "server_args": args_of,
+               "budget_s": args.budget_s, "date": time.strftime("%Y-%m-%d %H:%M")})  # fmt: skip
+    for server in SERVERS:
+        trace_path(work, server).unlink(missing_ok=True)
+    reason, failure = "done", None
+    launches = [launch(s, model, work, args_of[s], args.smoke) for s in SERVERS]
+    with ThreadPoolExecutor(1) as pool:  # while the servers start: the clips, and bench_serving's imports (~7 s)
+        clips = pool.submit(make_clips, args, steps, work)
+        if "load" in steps:
+            pool.submit(sglang.resolve, "bench_serving_cli")
         try:
-            for i, (clip, rate, order) in enumerate(schedule(len(lines), rates)):
-                for side in order:
-                    sample = measure(
-                        urls[side], lines[clip], rate, args.method, traces[side], seed=2 * i + (side == "eager")
-                    )
-                    samples.append({"clip": clip, "side": side, **sample})
-        except KeyboardInterrupt:  # a time limit (SIGINT): report the clips measured in full, stop the servers
-            interrupted = True
-    samples = complete_clips(samples, rates)
-    if not samples:
-        sys.exit("bench_gpu_ttft: no clip was measured at every rate on both servers")
-    result = summarize(samples, rates)
-    result["interrupted"] = interrupted
-    what = "smoke: tiny Qwen3-VL, one CPU server on both sides" if args.smoke else "Qwen3-VL-8B-shaped, bfloat16"
-    if args.smoke:
-        what += " (T_vit 0: the other side's request left the features in the server's vision cache)"
-    result["setup"] = {"what": what, "device": device, "model": model, "method": args.method, "rates": rates,
-                       "clips": len({s["clip"] for s in samples}), "seconds": seconds, "size": list(size), "fps": fps,
-                       "server_args": {"graph": SMOKE_ARGS if args.smoke else gpu_server_args(True),
-                                       "eager": SMOKE_ARGS if args.smoke else gpu_server_args(False)},
-                       "wall_s": time.monotonic() - started, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-    result["samples"] = samples
-    print(report(result))
-    if args.output:
-        args.output.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.output}")
-    return result
+            with running_servers(*launches, timeout=900) as up:
+                servers = {s: Server(r.base_url, None if s == "upstream" else trace_path(work, s))
+                           for s, r in zip(SERVERS, up, strict=True)}  # fmt: skip
+                datasets, load_datasets = clips.result()
+                if "requests" in steps:
+                    run_requests(run, servers, datasets, plan)
+                if "load" in steps:
+                    run_load(run, servers, load_datasets, plan, work)
+        except OutOfBudget as stopped:
+            reason = f"stopped by the budget ({args.budget_s:g} s) before a '{stopped}' sample"
+        except KeyboardInterrupt:  # a time limit (SIGINT): the servers are stopped, the samples are kept
+            reason = "interrupted (SIGINT)"
+        except Exception as error:  # a refused request, a server that died: reported with what was measured
+            failure, reason = error, f"failed: {type(error).__name__}: {str(error)[:300]}"
+    run.write({"step": "end", "reason": reason, "wall_s": round(time.monotonic() - run_started, 1)})
+    summary = summarize(read_records([output]))
+    print(report(summary))
+    print(f"samples: {output}")
+    if failure is not None:
+        raise failure
+    return summary
 
 
 if __name__ == "__main__":

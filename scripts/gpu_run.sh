@@ -7,12 +7,16 @@
 #      (`python -m sglang_evs.runtime.gpu_route_check`, where that module exists), SGLang's server import,
 #      the tiny-model serve check (scripts/gpu_pack/serve_check.py: a video at q = 0.75), the graph check
 #      (scripts/gpu_graph_check.sh, where it exists) and the methods check (scripts/gpu_methods_check.sh);
+#      the `bench` step, in no default: one part of the TTFT benchmark (benchmark/bench_gpu_ttft.py, BENCH_PART
+#      1: per request, 2: under load) with what is left of the budget;
 #   3. writes $OUT/report.md (pass/fail, seconds and figures of each step), $OUT/serve-check.json, the
-#      benchmarks' JSON (graph-bench.json, methods-bench-{2b,8b}.json) and $OUT/logs.tar.gz (every step's log
-#      and report folder); OUT defaults to gpu-run-report.
+#      benchmarks' JSON (methods-bench-{2b,8b}.json; the TTFT benchmark's samples, gpu-ttft-part$BENCH_PART.jsonl,
+#      written as they are measured) and $OUT/logs.tar.gz (every step's log and report folder); OUT defaults to
+#      gpu-run-report.
 # Exit status: 0 when every step that ran passed.
 #   bash scripts/gpu_run.sh                  PYTHON: the machine's interpreter (python3)
 #   STEPS="install facts route" bash scripts/gpu_run.sh     only these steps (the CPU rehearsal's plumbing check)
+#   STEPS="install bench" BENCH_PART=1 CHECK_BUDGET_S=510 TOTAL_BUDGET_S=520 bash scripts/gpu_run.sh  (then part 2)
 set -uo pipefail
 script_start=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -122,8 +126,7 @@ fi
 
 if wanted graph; then
   if [ -f scripts/gpu_graph_check.sh ]; then
-    # the GPU tests, then the 8B-shaped benchmark: the two checks this run exists for, most of the budget
-    TESTS_S=${TESTS_S:-220} BENCH_S=${BENCH_S:-170} run_step graph 420 bash scripts/gpu_graph_check.sh "$work/graph"
+    TESTS_S=${TESTS_S:-220} run_step graph 260 bash scripts/gpu_graph_check.sh "$work/graph"
     record graph "$step_result" "$step_seconds" "$(tail_of graph 3)"
   else
     record graph "skipped (scripts/gpu_graph_check.sh not in this checkout)" 0 ""
@@ -140,6 +143,21 @@ if wanted methods; then
   fi
 fi
 
+if wanted bench; then
+  # The servers' stop and the report take up to a minute after the benchmark's budget; it starts no work that
+  # would end later, and a stop at the limit (SIGINT) keeps every sample written so far. BENCH_ARGS: more of its
+  # flags (e.g. "--load-seconds 48 --concurrency 1 8").
+  part=${BENCH_PART:-1}
+  samples=$out/gpu-ttft-part$part.jsonl
+  left=$(( deadline - $(date +%s) ))
+  run_step bench "$left" python benchmark/bench_gpu_ttft.py --part "$part" --budget-s $(( left - 60 )) \
+    --workdir "$work/bench" --output "$samples" ${BENCH_ARGS:-}
+  figures="$(cat "$samples" 2>/dev/null | grep -c '"step": "\(requests\|load\)"') samples; $(grep -hE \
+    "s clips: TTFT q=0(\.75)?/upstream|: req/s q=0\.75/upstream" "$work/logs/bench.txt" | tr '\n|' '  ')"
+  record bench "$step_result" "$step_seconds" "${figures:0:700}"
+  mkdir -p "$work/logs/bench-report" && cp "$work"/bench/*.log "$work/logs/bench-report/" 2>/dev/null
+fi
+
 {
   echo "# sglang-evs on the GPU machine ($(date -u +%FT%TZ))"
   echo
@@ -153,7 +171,6 @@ fi
 } > "$report"
 for sub in graph methods; do [ -d "$work/$sub" ] && cp -r "$work/$sub" "$work/logs/$sub-report"; done
 # the benchmarks' figures beside the report too ($OUT takes 8 files at most)
-cp "$work/graph/bench.json" "$out/graph-bench.json" 2>/dev/null
 for tower in 2b 8b; do cp "$work/methods/bench-$tower.json" "$out/methods-bench-$tower.json" 2>/dev/null; done
 tar -czf "$out/logs.tar.gz" -C "$work" logs
 cat "$report"

@@ -9,7 +9,8 @@ Run on the CUDA machine without the CPU environment (`bash scripts/gpu_graph_che
 
 Three servers, started together and shared by every test: the plugin with prefill graphs (`graphs`, traced),
 upstream SGLang with the same flags (`upstream`, `SGLANG_PLUGINS=none`: it keeps Qwen3-VL's prefill eager),
-and the plugin with every graph off (`eager`). All three cut prompts into 64-token chunks, so media are
+both with SGLang's vision-tower CUDA graphs (`SGLANG_VIT_ENABLE_CUDA_GRAPH=1`), and the plugin with every graph
+off (`eager`, traced). All three cut prompts into 64-token chunks, so media are
 prefilled across chunks, and each (method, rate) has its own prompt text before the media, so its media are
 prefilled rather than found in the radix cache.
 
@@ -19,7 +20,9 @@ prefilled rather than found in the radix cache.
 - the trace of `graphs`: every forward that carried media rows replayed a prefill graph before the next
   forward, with deepstack in the one buffer allocated before capture; decode steps replayed, none eager;
   a pruned video cut by a chunk boundary;
-- a radix repeat: the same pruned request again on `graphs` reuses its cached prefix and answers as before.
+- a radix repeat: the same pruned request again on `graphs` reuses its cached prefix and answers as before;
+- the keep-masks `graphs` decided on rows from the ViT graphs are `eager`'s, bit for bit; the tower's median time
+  on each is printed.
 
 bfloat16 (FlashInfer's and FA3's prefill refuse float32): two roundings of one greedy request may break a
 near-tie either way, so tokens are compared as `testing.compare.assert_same_generation(near_ties=True)` does: equal,
@@ -40,6 +43,7 @@ import torch
 from sglang_evs.testing.prefill_graph_gpu import (
     check_chunked_prefill_cut_a_pruned_video,
     check_every_media_prefill_and_decode_replayed,
+    check_keep_masks_match_eager,
     check_pruned_and_unpruned_match_eager,
     check_q0_matches_upstream,
     check_radix_repeat_answers_as_before,
@@ -73,6 +77,11 @@ def test_q0_matches_upstream_with_the_same_flags(served):
 @gpu_only
 def test_pruned_and_unpruned_match_eager(served):
     check_pruned_and_unpruned_match_eager(served)
+
+
+@gpu_only
+def test_keep_masks_under_vit_graphs_match_eager(served):
+    check_keep_masks_match_eager(served)
 
 
 @gpu_only

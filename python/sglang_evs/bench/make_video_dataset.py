@@ -1,4 +1,4 @@
-"""Write synthetic mp4 clips with controllable redundancy and a `sglang.bench_serving` dataset for them.
+"""Write synthetic mp4 clips with controllable redundancy and a dataset of SGLang's bench_serving for them.
 
     python -m sglang_evs.bench.make_video_dataset OUT_DIR [--num 8] [--static-share 0.5] [--kind moving|noise]
         [--object-size 12] [--seconds 4] [--size 64x64] [--fps 4] [--max-tokens 8] [--seed 0]
@@ -8,7 +8,7 @@ Writes ``OUT_DIR/clip_000.mp4 ...``, ``OUT_DIR/clips.json`` (kind of each clip),
 on it, so that the first measured request does not pay for the first prefill of this size) and
 ``OUT_DIR/dataset.jsonl``, one OpenAI chat request per line, as read by
 
-    python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name openai \\
+    python -m sglang.benchmark.serving --backend sglang-oai-chat --dataset-name openai \\
         --dataset-path OUT_DIR/dataset.jsonl --num-prompts N --base-url URL
 
 Line format (sglang.benchmark.datasets.openai_dataset): ``messages`` (a ``video_url`` part with a

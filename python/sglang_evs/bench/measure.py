@@ -1,5 +1,7 @@
-"""Measurements against a running server: sglang.bench_serving runs, timed requests, text prefills."""
+"""Measurements against a running server: SGLang's bench_serving runs (`python -m sglang.benchmark.serving`), timed
+requests, text prefills, and what the plugin's trace says a request cost."""
 
+import collections
 import contextlib
 import io
 import json
@@ -34,7 +36,7 @@ def run_bench_serving(
     max_concurrency: int | None = 1,
     extra_args: Sequence[str] = (),
 ) -> dict:
-    """Run SGLang's bench_serving command line (``python -m sglang.bench_serving ...``, in this process: see
+    """Run SGLang's bench_serving command line (``python -m sglang.benchmark.serving ...``, in this process: see
     `bench_serving`) and return its output record; what it printed goes to ``out_file`` with ``.log``.
 
     Its own warm-up is off: it would send the first dataset request, whose media would then be cached
@@ -62,7 +64,7 @@ def bench_serving(argv: Sequence[str]) -> tuple[int, str]:
     short run takes; its requests, its client and the record it writes are the command's."""
     cli_main = sglang.resolve("bench_serving_cli")
     printed, saved_argv = io.StringIO(), sys.argv
-    sys.argv = ["sglang.bench_serving", *argv]
+    sys.argv = ["sglang.benchmark.serving", *argv]
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
             cli_main()
@@ -148,6 +150,33 @@ def streamed_chat(base_url: str, body: dict, timeout: float = 600) -> TimedReque
     return TimedRequest(ttft_ms, (time.perf_counter() - start) * 1000, prompt_tokens)
 
 
+class MetaReply(NamedTuple):
+    ttft_ms: float  # until the reply arrived: one output token, so its first
+    prompt_tokens: int
+    meta: dict  # SGLang's meta_info: its per-request time stats where the server runs with --enable-metrics
+
+
+def meta_reply(base_url: str, line: dict, fields: dict | None = None) -> MetaReply:
+    """One dataset line answered with one output token, not streamed, with SGLang's `meta_info` (which it sends
+    only unstreamed). `fields`: more request fields (a per-request pruning setting); none: the server's default."""
+    body = {"model": "default", "messages": line["messages"], "max_tokens": 1, "temperature": 0,
+            "return_meta_info": True, **(fields or {})}  # fmt: skip
+    start = time.perf_counter()
+    response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=600)
+    took_ms = (time.perf_counter() - start) * 1000
+    if response.status_code != 200:
+        raise RuntimeError(f"{base_url} answered {response.status_code}: {response.text[:500]}")
+    reply = response.json()
+    return MetaReply(took_ms, reply["usage"]["prompt_tokens"], reply["choices"][0].get("meta_info") or {})
+
+
+def sglang_processing_ms(meta: dict) -> float | None:
+    """SGLang's own time for a request's tokenizer side, from its per-request time stats (`--enable-metrics`):
+    received until handed to the scheduler (media loaded and processed, prompt tokenized); None without them."""
+    received, handed = meta.get("request_received_ts"), meta.get("api_server_dispatch_finish_ts")
+    return None if received is None or handed is None else (handed - received) * 1000
+
+
 def prefill_ms(base_url: str, num_tokens: int, reps: int = 3, seed: int = 0) -> float:
     """Median latency (ms) of ``/generate`` on ``num_tokens`` random text ids with one output token.
 
@@ -190,16 +219,38 @@ def trace_size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+def trace_window(path: Path, since: int) -> list[dict]:
+    """The events the server traced after byte ``since`` (`trace_size` before the work it is to show)."""
+    if trace_size(path) <= since:
+        return []
+    with path.open() as lines:
+        lines.seek(since)
+        return [json.loads(line) for line in lines if line.strip()]
+
+
 def stage_times(path: Path, since: int) -> dict:
     """Per-stage milliseconds of what the server traced after byte ``since`` (one request's window):
     tokenizer-side processing, vision encoder, keep-mask and region fill, the extend forwards
     (encoder included), and the language model's share, forwards minus encoder and mask."""
-    with path.open() as lines:
-        lines.seek(since)
-        events = [json.loads(line) for line in lines if line.strip()]
     stages = dict.fromkeys(STAGE_EVENTS.values(), 0.0)
-    for event in events:
+    for event in trace_window(path, since):
         if event["event"] in STAGE_EVENTS:
             stages[STAGE_EVENTS[event["event"]]] += event["ms"]
     stages["language_model_ms"] = stages["forward_ms"] - stages["encoder_ms"] - stages["mask_fill_ms"]
     return stages
+
+
+def request_encodes(events: list[dict]) -> tuple[int, float]:
+    """How many times the vision tower ran for the one request of a trace window, and its milliseconds: the
+    `video_encoded` events naming one of the videos its `processed` event names. Where the tokenizer had not
+    hashed them (SGLang hashes an item where it chooses: in the scheduler where the pixels are a CUDA IPC handle)
+    every encode of the window counts: callers send one request at a time."""
+    named = {h for e in events if e["event"] == "processed" for h in e["items"] if h is not None}
+    encoded = [e for e in events if e["event"] == "video_encoded" and (not named or named & set(e["items"]))]
+    return len(encoded), sum(e["ms"] for e in encoded)
+
+
+def encodes_per_video(events: list[dict]) -> dict[str, int]:
+    """How many times the vision tower ran on each video (by hash) in a trace window of many requests: more than
+    once where a later prefill chunk of its request encoded it again."""
+    return dict(collections.Counter(h for e in events if e["event"] == "video_encoded" for h in e["items"]))

@@ -12,6 +12,7 @@ def summarize_bench(record: dict) -> dict:
         "completed": record["completed"],
         "mean_ttft_ms": record["mean_ttft_ms"],
         "median_ttft_ms": record["median_ttft_ms"],
+        "p99_ttft_ms": record.get("p99_ttft_ms", float("nan")),
         "request_throughput": record["request_throughput"],
         "mean_tpot_ms": record["mean_tpot_ms"],
         "mean_prompt_tokens": statistics.fmean(ok) if ok else float("nan"),

@@ -114,23 +114,42 @@ CPU_DRY_RUN_ARGS = ["--dtype", "bfloat16", "--chunked-prefill-size", str(CHUNK),
                     str(CHUNK)]  # fmt: skip
 
 
+# SGLang's vision-tower CUDA graphs (`multimodal/vit_cuda_graph_runner.py`, one graph per exact patch layout), on for
+# the GPU's graph servers, plugin and upstream alike; they need a GPU attention backend (Triton's here), so the CPU
+# dry run's towers stay eager.
+VIT_GRAPHS = {"SGLANG_VIT_ENABLE_CUDA_GRAPH": "1"}
+
+
+def eager_trace(trace_path: Path) -> Path:
+    """The eager server's own trace, beside the graphs server's: its keep-masks and tower times."""
+    return trace_path.with_name("eager-trace.jsonl")
+
+
 def launches(model_dir: Path, work: Path, trace_path: Path, on_gpu: bool = True) -> list[Launch]:
-    """The plugin with graphs (traced), upstream with graphs, the plugin eager: on the GPU route, or
-    (`on_gpu=False`) as CPU servers in graph mode, for the dry run."""
+    """The plugin with graphs (traced), upstream with graphs, the plugin eager (traced): on the GPU route, the
+    graph servers' vision towers replaying SGLang's ViT graphs too, or (`on_gpu=False`) as CPU servers in graph
+    mode, for the dry run."""
     traced, upstream = {trace.ENV: str(trace_path)}, {"SGLANG_PLUGINS": "none"}
+    eager_traced = {trace.ENV: str(eager_trace(trace_path))}
     if not on_gpu:
         return [
             Launch(
                 model_dir, work / "graphs.log", [*CPU_DRY_RUN_ARGS, *PREFILL_GRAPHS_BY_FLAG], traced, graph_mode=True
             ),
             Launch(model_dir, work / "upstream.log", CPU_DRY_RUN_ARGS, upstream, graph_mode=True),
-            Launch(model_dir, work / "eager.log", CPU_DRY_RUN_ARGS),
+            Launch(model_dir, work / "eager.log", CPU_DRY_RUN_ARGS, eager_traced),
         ]
     args = gpu_server_args()
     return [
-        Launch(model_dir, work / "graphs.log", [*args, *PREFILL_GRAPHS_BY_FLAG], {**ROUTE_ON, **traced}, cpu=False),
-        Launch(model_dir, work / "upstream.log", args, {**ROUTE_ON, **upstream}, cpu=False),
-        Launch(model_dir, work / "eager.log", without_graphs(args), ROUTE_ON, cpu=False),
+        Launch(
+            model_dir,
+            work / "graphs.log",
+            [*args, *PREFILL_GRAPHS_BY_FLAG],
+            {**ROUTE_ON, **VIT_GRAPHS, **traced},
+            cpu=False,
+        ),  # fmt: skip
+        Launch(model_dir, work / "upstream.log", args, {**ROUTE_ON, **VIT_GRAPHS, **upstream}, cpu=False),
+        Launch(model_dir, work / "eager.log", without_graphs(args), {**ROUTE_ON, **eager_traced}, cpu=False),
     ]
 
 
@@ -188,9 +207,21 @@ def check_radix_repeat_answers_as_before(served: dict) -> None:
     compare({REPEATED: again}, {REPEATED: served["eager"][REPEATED]}, PRUNED_TOLERANCE, "radix repeat against eager")
 
 
+def check_keep_masks_match_eager(served: dict) -> None:
+    """Each pruned video's keep-mask on the graphs server (its tower replaying SGLang's ViT graphs on a GPU) is the
+    eager server's, bit for bit; and the tower's median time per encode on each, printed (T_vit with and without
+    the ViT graphs)."""
+    graphs, eager = served["trace"], eager_trace(served["trace"])
+    masks = [{e["item"]: e["kept"] for e in trace.read(path, "keep_mask")} for path in (graphs, eager)]
+    assert masks[0] and masks[0] == masks[1], {key: kept for key, kept in masks[0].items() if masks[1].get(key) != kept}
+    for name, path in (("graphs", graphs), ("eager", eager)):
+        times = sorted(e["ms"] for e in trace.read(path, "video_encoded"))
+        print(f"{name}: {len(times)} video encodes, median {times[len(times) // 2]:.2f} ms")
+
+
 CHECKS = (check_q0_matches_upstream, check_pruned_and_unpruned_match_eager,
           check_every_media_prefill_and_decode_replayed, check_chunked_prefill_cut_a_pruned_video,
-          check_radix_repeat_answers_as_before)  # fmt: skip
+          check_radix_repeat_answers_as_before, check_keep_masks_match_eager)  # fmt: skip
 
 
 def events_since(trace_path: Path, offset: int) -> list[dict]:
