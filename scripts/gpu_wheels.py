@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -77,9 +78,18 @@ def download(pins: list[str], cache: Path) -> None:
         sys.exit(f"pip download failed ({out.returncode})")
 
 
+def distribution_name(source: Path) -> str:
+    """The name a local source distributes under: its PEP 621 `[project]` name, else its `setup.py`'s."""
+    pyproject = source / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text()).get("project", {}) if pyproject.is_file() else {}
+    if "name" in project:
+        return project["name"]
+    return re.search(r'name="([^"]+)"', (source / "setup.py").read_text()).group(1)
+
+
 def build(source: Path, cache: Path) -> None:
     """A local distribution's wheel into `cache` (replacing an older build of it)."""
-    declared = re.search(r'name="([^"]+)"', (source / "setup.py").read_text()).group(1)
+    declared = distribution_name(source)
     name = canonicalize_name(declared).replace("-", "_")
     for old in cache.glob(f"{name}-*.whl"):
         old.unlink()

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${SGLANG_EVS_VENV:-.venv}
 STAMP="$VENV/.sglang-evs-installed"
-want=$(cat scripts/requirements-cpu.txt scripts/constraints-cpu.txt setup.py scripts/cpu_route/setup.py | sha256sum | cut -d' ' -f1)
+want=$(cat scripts/requirements-cpu.txt scripts/constraints-cpu.txt pyproject.toml setup.py scripts/cpu_route/setup.py | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi

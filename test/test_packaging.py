@@ -94,3 +94,44 @@ def test_this_test_environment_has_the_hook_from_the_cpu_route_distribution():
     owned = {str(f) for f in importlib.metadata.distribution("sglang-evs-cpu-route").files or ()}
     assert PTH in owned
     assert PTH not in {str(f) for f in importlib.metadata.distribution("sglang-evs").files or ()}
+
+
+def test_the_metadata_is_pep_621s_and_refuses_python_3_10(tmp_path):
+    """`pyproject.toml` is the one source: Python 3.11 or later (SGLang 0.5.23's own floor), so pip refuses the wheel
+    for 3.10 instead of installing a plugin whose SGLang cannot run there."""
+    import tomllib
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"] == ">=3.11"
+    build_wheel(ROOT, tmp_path / "wheels")
+
+    def fetch(python: str) -> subprocess.CompletedProcess:
+        """pip resolving the package, from the built wheel alone, for an interpreter of version `python`."""
+        return subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-index", "--find-links", tmp_path / "wheels",
+             "--python-version", python, "--only-binary", ":all:", "-d", tmp_path / python, "sglang-evs"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    refused, taken = fetch("3.10"), fetch("3.12")
+    assert refused.returncode != 0 and "requires a different Python: 3.10.0 not in '>=3.11'" in refused.stderr
+    assert taken.returncode == 0, taken.stderr
+
+
+def test_each_console_script_is_a_function_of_the_package_that_returns_nothing(gpu_install):
+    """The console scripts a user runs (the launcher, the demo, the visualizer, the benchmarks and accuracy runners)
+    name functions that exist; each returns None, so the script's exit status is 0 when it succeeds."""
+    import importlib
+    import inspect
+
+    python, _ = gpu_install
+    found = subprocess.run(
+        [str(python), "-c", "import json, importlib.metadata as m; "
+         "print(json.dumps({e.name: e.value for e in m.entry_points(group='console_scripts')}))"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    targets = {name: value for name, value in json.loads(found).items() if value.startswith("sglang_evs")}
+    assert {"sglang-evs-launch-server", "sglang-evs-visualize", "sglang-evs-sweep"} <= set(targets), targets
+    for name, target in targets.items():
+        module, function = target.split(":")
+        signature = inspect.signature(getattr(importlib.import_module(module), function))
+        assert signature.return_annotation in (None, "None"), (name, signature)

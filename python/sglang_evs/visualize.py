@@ -126,5 +126,10 @@ def main(argv: list[str] | None = None) -> Path:
     return args.output
 
 
+def cli() -> None:
+    """The console script `sglang-evs-visualize`."""
+    main()
+
+
 if __name__ == "__main__":
     main()

@@ -627,3 +627,17 @@ def test_the_encoder_sends_only_the_kept_rows_of_a_pruned_video(epd_served):
     rows = {event["modality"]: event["rows"] for event in epd_served["sent"]}
     assert rows["VIDEO"] == epd_served["video"][0].meta["video_tokens_after_pruning"] == 200
     assert rows["IMAGE"] > 0
+
+
+def test_no_server_of_the_pair_holds_a_videos_rows_once_its_requests_are_answered(fleet, served, tp2_served):
+    """The prefill servers let go of every video they held for their later chunks (`pruning/holds.py`), and the
+    decode server, which runs no tower, never held one."""
+    folder = Path(fleet.prefill_trace).parent
+    for path in (fleet.prefill_trace, folder / TP2_TRACE):
+        lines = (json.loads(line) for line in Path(path).read_text().splitlines() if line.strip())
+        events = [e for e in lines if e["event"] in ("video_held", "video_released")]  # in the order written
+        held, released = ({e["item"] for e in events if e["event"] == f"video_{kind}"} for kind in ("held", "released"))
+        assert held and held <= released, path
+        last_per_rank = {e["pid"]: e for e in events}
+        assert last_per_rank and {e["held_bytes"] for e in last_per_rank.values()} == {0}, path
+    assert not trace.read(fleet.decode_trace, "video_held")

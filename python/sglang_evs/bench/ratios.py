@@ -81,23 +81,18 @@ def paired_ideal(samples: dict[float, list[dict]], rate: float) -> dict:
             "ttft_vs_q0": med[rate]["video_ms"] / med[0.0]["video_ms"]}  # fmt: skip
 
 
-# Two-sided 95 % Student t quantiles by degrees of freedom (1..30); the normal 1.96 beyond.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)  # fmt: skip
-
-
 def geometric_interval(ratios: list[float]) -> dict:
-    """Per-pair ratios -> geometric mean and its 95 % interval (t interval of the log ratios)."""
+    """Per-pair ratios -> geometric mean and its 95 % interval: Student's t interval of the log ratios
+    (`scipy.stats.t`, at every count of pairs)."""
+    from scipy import stats
+
     logs = [math.log(r) for r in ratios]
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return {"geometric_mean": math.exp(mean), "low": None, "high": None, "pairs": len(logs)}
-    half = (
-        (T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
-    )
-    return {"geometric_mean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
-            "pairs": len(logs)}  # fmt: skip
+    spread = statistics.stdev(logs) / math.sqrt(len(logs))
+    low, high = stats.t.interval(0.95, len(logs) - 1, loc=mean, scale=spread) if spread > 0 else (mean, mean)
+    return {"geometric_mean": math.exp(mean), "low": math.exp(low), "high": math.exp(high), "pairs": len(logs)}
 
 
 def round_ratio(baseline: list[float], other: list[float]) -> dict:

@@ -137,5 +137,10 @@ def finish(result: dict, args, model: str, server_args: list[str], dataset: Path
     return result
 
 
+def cli() -> None:
+    """The console script `sglang-evs-sweep`."""
+    main()
+
+
 if __name__ == "__main__":
     main()
