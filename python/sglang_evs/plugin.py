@@ -65,7 +65,7 @@ def register_hooks() -> None:
     from sglang_evs import sglang_compat as sglang
     from sglang_evs import trace
     from sglang_evs.models import registry
-    from sglang_evs.pruning import admission, disaggregated, holds, keys, prefill_decode, sessions
+    from sglang_evs.pruning import admission, disaggregated, holds, keys, prefill_decode, sessions, streams
 
     # No hook on SGLang's embedding routine: this project's models call this project's routine
     # (models/adapter.py), every other model keeps calling upstream's, untouched.
@@ -77,6 +77,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("handle_batch_output"), _add_usage_to_meta_info, around)
     register(sglang.hook_target("key_media_item"), keys.fold_deferred_key, around)
     register(sglang.hook_target("release_media"), holds.release_media, after)
+    register(sglang.hook_target("validate_request"), streams.refuse_streams_nothing_serves, sglang.HookType.BEFORE)
     register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
     register(sglang.hook_target("chat_to_generate_request"), carry_chat_pruning_setting, after)
     register(sglang.hook_target("dispatch_to_encoder"), disaggregated.carry_pruning_to_encoders, sglang.HookType.BEFORE)

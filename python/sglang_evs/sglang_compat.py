@@ -135,6 +135,8 @@ HOOK_TARGETS: dict[str, str] = {
     "key_media_item": "sglang.srt.managers.schedule_batch:MultimodalDataItem.set_pad_value",
     # a request's media dropped by the scheduler (finished, aborted): the plugin's held encodings go with it
     "release_media": "sglang.srt.managers.schedule_batch:MultimodalInputs.release_features",
+    # every request's check in the tokenizer process, media or none (a `video_stream` request without video)
+    "validate_request": "sglang.srt.managers.tokenizer_manager:TokenizerManager._validate_one_request",
     # validation of the server arguments, in the launching process before any subprocess starts
     "check_server_args": "sglang.srt.server_args:ServerArgs.check_server_args",
     # an OpenAI chat request turned into a GenerateReqInput (the pruning setting in chat_template_kwargs)

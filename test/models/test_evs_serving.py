@@ -469,3 +469,70 @@ def test_input_logprobs_with_a_threshold_get_400(evs_server, clips):
     )
     output_only = threshold_request(evs_server, clips["moving"], 0.3, return_logprob=True)
     assert output_only.output_ids and evs_server.alive()
+
+
+# --- a stream sent segment by segment, in one request (`video_stream`, pruning/streams.py)
+
+
+@pytest.fixture(scope="module")
+def segments(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Two 4-s segments (4 groups each) of one stream per kind: a static camera (the same still frame throughout)
+    and fresh noise every frame (no near-ties in EVS's scores: the HF oracle's mask is the server's)."""
+    out = tmp_path_factory.mktemp("segments")
+    made = {}
+    for kind in ("static", "noise"):
+        frames = media.clip_frames(kind, num_frames=32, seed=21)
+        made[kind] = tuple(media.write_mp4(out / f"{kind}-{i}.mp4", frames[16 * i : 16 * (i + 1)]) for i in (0, 1))
+    return made
+
+
+def stream_request(server, clips, stream: bool = True, **settings):
+    kwargs = {"video_stream": True, **settings} if stream else settings
+    return generate(server.base_url, chat_prompt(*[VIDEO] * len(clips)), video_data=[str(c) for c in clips],
+                    mm_processor_kwargs=kwargs)[0]  # fmt: skip
+
+
+def test_two_static_segments_as_one_stream_keep_what_one_segment_keeps_at_a_threshold(evs_server, segments):
+    """The stream: its first group alone (the second segment changed nothing). Sent as two videos: a group each."""
+    one = video_request(evs_server, segments["static"][0], mm_processor_kwargs={"video_pruning_threshold": 0.05})
+    stream = stream_request(evs_server, segments["static"], video_pruning_threshold=0.05)
+    apart = stream_request(evs_server, segments["static"], stream=False, video_pruning_threshold=0.05)
+    assert one.meta["video_tokens_after_pruning"] == TOKENS_PER_GROUP
+    assert stream.meta["video_tokens_after_pruning"] == TOKENS_PER_GROUP
+    assert apart.meta["video_tokens_after_pruning"] == 2 * TOKENS_PER_GROUP
+
+
+@pytest.mark.parametrize("setting", [{"video_pruning_rate": 0.5}, {"video_pruning_threshold": 0.9}], ids=["q.5", "t.9"])
+def test_a_stream_in_96_token_chunks_is_what_hf_gives_its_prompt_with_the_streams_mask(
+    evs_server, tiny_model_dir, segments, setting
+):
+    """HF transformers given the stream's prompt as served (the second segment's timestamps counting on from the
+    first's) with the rows the stream rule keeps, computed on the segments' rows concatenated; the server cuts each
+    segment across 96-token chunks. The second segment's count at a rate is its own, int(T * tpf * (1 - q))."""
+    from sglang_evs.testing.hf_reference import hf_stream_greedy
+
+    served = stream_request(evs_server, segments["noise"], **setting)
+    q, threshold = setting.get("video_pruning_rate"), setting.get("video_pruning_threshold")
+    reference = hf_stream_greedy(tiny_model_dir, segments["noise"], q, threshold)
+    assert_matches_hf(served, reference)
+    if q is not None:
+        assert served.meta["video_tokens_after_pruning"] == evs_count(q) + int(GROUPS * TOKENS_PER_GROUP * (1 - q))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"video_stream": "yes"}, "video_stream must be true or false"),
+        ({"video_stream": True, "video_pruning_method": "vidcom2", "video_pruning_rate": 0.5}, "video_pruning_method"),
+    ],
+)
+def test_a_bad_stream_request_gets_400_and_serving_goes_on(evs_server, segments, settings, message):
+    body = {"text": chat_prompt(VIDEO, VIDEO), "video_data": [str(c) for c in segments["static"]],
+            "mm_processor_kwargs": settings, "sampling_params": {"max_new_tokens": 2}}  # fmt: skip
+    response = requests.post(f"{evs_server.base_url}/generate", json=body, timeout=120)
+    assert response.status_code == 400 and message in response.text, response.text
+    no_video = {**body, "text": chat_prompt(text="No video here."), "video_data": None,
+                "mm_processor_kwargs": {"video_stream": True}}  # fmt: skip
+    response = requests.post(f"{evs_server.base_url}/generate", json=no_video, timeout=120)
+    assert response.status_code == 400 and "the request has no video" in response.text, response.text
+    assert evs_server.alive() and stream_request(evs_server, segments["static"], video_pruning_rate=0.5).output_ids

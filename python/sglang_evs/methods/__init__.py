@@ -7,6 +7,7 @@
 * :mod:`.limits`    -- a token budget and a per-group floor over any method (count before, mask after).
 * :mod:`.threshold` -- the keep-mask of a dissimilarity threshold (its count known only after encoding),
   under the budget and the floor.
+* :mod:`.stream`    -- EVS over a stream sent segment by segment: a continued segment pruned as the stream is.
 * :mod:`.canonical` -- the split a pruned video is laid out with before the encoder has chosen.
 
 SGLang's ``evs_core`` is reached through :mod:`sglang_evs.sglang_compat`, loaded from its file.
@@ -18,6 +19,7 @@ from .inputs import (
     PRUNING_METHOD_SETTING,
     PRUNING_RATE_SETTING,
     PRUNING_THRESHOLD_SETTING,
+    STREAM_SETTING,
     TOKEN_BUDGET_SETTING,
     check_pruning_rate,
     check_pruning_threshold,
@@ -25,6 +27,7 @@ from .inputs import (
     grid_tokens,
 )
 from .limits import limit_count, limited_count, limited_mask, with_group_floor
+from .stream import continued_count, continued_mask, continued_threshold_mask, with_context
 from .table import DEFAULT_METHOD, EVS, METHODS, VIDCOM2, PruningMethod, method_named
 from .threshold import threshold_keep_mask, threshold_limited_mask
 
@@ -36,6 +39,7 @@ __all__ = [
     "PRUNING_METHOD_SETTING",
     "PRUNING_RATE_SETTING",
     "PRUNING_THRESHOLD_SETTING",
+    "STREAM_SETTING",
     "TOKEN_BUDGET_SETTING",
     "VIDCOM2",
     "PruningMethod",
@@ -44,6 +48,9 @@ __all__ = [
     "check_pruning_rate",
     "check_pruning_threshold",
     "check_token_count",
+    "continued_count",
+    "continued_mask",
+    "continued_threshold_mask",
     "grid_tokens",
     "limit_count",
     "limited_count",
@@ -51,5 +58,6 @@ __all__ = [
     "method_named",
     "threshold_keep_mask",
     "threshold_limited_mask",
+    "with_context",
     "with_group_floor",
 ]

@@ -24,6 +24,7 @@ PRUNING_RATE_SETTING = "video_pruning_rate"
 TOKEN_BUDGET_SETTING = "video_token_budget"
 MIN_TOKENS_PER_GROUP_SETTING = "video_pruning_min_tokens_per_group"
 PRUNING_THRESHOLD_SETTING = "video_pruning_threshold"
+STREAM_SETTING = "video_stream"  # a request's videos are consecutive segments of one stream (`methods.stream`)
 
 GridTHW = Sequence[int] | torch.Tensor
 

@@ -14,6 +14,8 @@ Tokenizer process:
   keys.py             a pruned video's cache key: content hash folded with how it is pruned, into the hash
                       SGLang computes anyway, where it computes it (a hook on `MultimodalDataItem.set_pad_value`):
                       the tokenizer never hashes pixels for it
+  streams.py          a request's videos as one stream's segments (`video_stream`): timestamps that continue, and
+                      each continued segment's context (the stream's group before it) for the model to score it by
   usage.py            per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
   admission.py        a threshold's videos encoded as the scheduler receives the request, the prompt laid out

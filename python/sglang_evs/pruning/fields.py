@@ -28,6 +28,11 @@ ENCODER_PRUNED = "evs_encoder_pruned"
 # {"fold": `pruning_aware_hash`'s arguments but the content hash, "exporter_pid": the tokenizer's pid} on a pruned
 # video SGLang has not hashed yet (`keys.py`): folded into the key where SGLang hashes the item.
 DEFERRED_KEY = "evs_deferred_key"
+# {"patches": [H * W, patch width] the stream's group before this segment (the previous segment's last temporal group,
+# its pixels as the processor patched them), "digest": their SHA-256} on a pruned segment that continues a stream
+# (`streams.py`): the tower encodes them before the segment's own, and the mask scores the segment against them.
+# A dict, which SGLang's per-item split of model_specific_data copies whole.
+STREAM_CONTEXT = "evs_stream_context"
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,11 @@ def awaits_threshold(item) -> bool:
     """Whether a video item waits for its threshold's mask (laid out unpruned, `THRESHOLD`)."""
     data = item.model_specific_data
     return THRESHOLD in data and THRESHOLD_KEPT not in data[THRESHOLD]
+
+
+def continues_stream(item) -> bool:
+    """Whether a video item is a pruned segment that continues a stream (`STREAM_CONTEXT`)."""
+    return STREAM_CONTEXT in item.model_specific_data
 
 
 def threshold_decided(item) -> bool:
@@ -104,13 +114,15 @@ def pruning_aware_hash(
     token_budget: int = 0,
     min_tokens_per_group: int = 0,
     threshold: float | None = None,
+    stream_context: str | None = None,
 ) -> int:
-    """The same video pruned by two methods, at two rates or thresholds, or under two budgets or floors must
-    not share radix-cache entries or cached embeddings. (Without a budget, floor or threshold the key is what
-    it always was.)"""
+    """The same video pruned by two methods, at two rates or thresholds, under two budgets or floors, or continuing
+    two streams (`stream_context`: the digest of the group before it) must not share radix-cache entries or
+    cached embeddings. (Without a budget, floor, threshold or stream the key is what it always was.)"""
     key = f"{item_hash}:{method}:{pruning_rate!r}"
     key += f":budget={int(token_budget)}" if token_budget else ""
     key += f":floor={int(min_tokens_per_group)}" if min_tokens_per_group else ""
     key += f":threshold={float(threshold)!r}" if threshold is not None else ""
+    key += f":after={stream_context}" if stream_context is not None else ""
     digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "big")

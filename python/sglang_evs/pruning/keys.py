@@ -34,12 +34,13 @@ def key_by_pruning(
     token_budget: int = 0,
     min_tokens_per_group: int = 0,
     threshold: float | None = None,
+    stream_context: str | None = None,
 ) -> None:
-    """Key a pruned video item by its content hash folded with the method, rate, limits and threshold: at once where
-    SGLang hashed it already, else where SGLang will (`DEFERRED_KEY`)."""
+    """Key a pruned video item by its content hash folded with the method, rate, limits, threshold and the stream
+    group it continues: at once where SGLang hashed it already, else where SGLang will (`DEFERRED_KEY`)."""
     fold = {
         "method": method, "pruning_rate": rate, "token_budget": token_budget,
-        "min_tokens_per_group": min_tokens_per_group, "threshold": threshold,
+        "min_tokens_per_group": min_tokens_per_group, "threshold": threshold, "stream_context": stream_context,
     }  # fmt: skip
     if item.hash is None:
         item.set(DEFERRED_KEY, {"fold": fold, "exporter_pid": os.getpid()})

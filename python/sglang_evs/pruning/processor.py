@@ -25,6 +25,7 @@ from sglang_evs.pruning.refusals import (
 )
 from sglang_evs.pruning.regions import mark_threshold_videos, prune_video_regions
 from sglang_evs.pruning.settings import request_pruning, server_pruning
+from sglang_evs.pruning.streams import STREAMING, attach_contexts, continuing_timestamps, refuse_unstreamable
 from sglang_evs.pruning.usage import record_threshold_usage, record_usage
 from sglang_evs.served import VideoFamily
 
@@ -90,13 +91,28 @@ class PruningProcessor:
         refuse_too_short_videos(loaded.videos, self.family)
         return loaded
 
+    async def process_and_combine_mm_data_async(self, base_output, mm_tokens, **kwargs):
+        """Upstream's, with a stream's segments timed as one video's (`streams.continuing_timestamps`)."""
+        if STREAMING.get() and kwargs.get("video_metadata") is not None:
+            kwargs["video_metadata"] = continuing_timestamps(kwargs["video_metadata"])
+        return await super().process_and_combine_mm_data_async(base_output, mm_tokens, **kwargs)
+
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
         start = time.perf_counter()
         pruning = request_pruning(request_obj, self.pruning)
         refuse_unsupported(pruning, self.conflict, self.rate_only, self.content_unreached)
-        output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
+        if pruning.stream:
+            on_device = bool(getattr(self, "keep_mm_features_on_device", False))
+            refuse_unstreamable(self.hf_config.model_type, request_obj, on_device)
+        streaming = STREAMING.set(pruning.stream)
+        try:
+            output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
+        finally:
+            STREAMING.reset(streaming)
         merge = self.hf_config.vision_config.spatial_merge_size
         has_video = output is not None and any(item.is_video() for item in output.mm_items)
+        if has_video and pruning.stream and pruning.prunes:
+            attach_contexts([item for item in output.mm_items if item.is_video()])
         if has_video and pruning.follows_content:
             refuse_request_features_with_threshold(request_obj)
             tokens = mark_threshold_videos(output, pruning, merge)

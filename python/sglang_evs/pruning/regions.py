@@ -24,7 +24,7 @@ import copy
 import torch
 
 from sglang_evs import sglang_compat as sglang
-from sglang_evs.methods import canonical_keep_mask, grid_tokens
+from sglang_evs.methods import canonical_keep_mask, continued_count, grid_tokens
 from sglang_evs.pruning.deletion import delete_tokens
 from sglang_evs.pruning.fields import (
     METHOD,
@@ -32,10 +32,12 @@ from sglang_evs.pruning.fields import (
     RATE,
     REGION_IDS,
     REGION_POSITIONS,
+    STREAM_CONTEXT,
     THRESHOLD,
     TOKEN_BUDGET,
     VIDEO_TOKENS,
     VideoTokenCounts,
+    continues_stream,
     region_keep,
     region_span,
     video_grid,
@@ -43,6 +45,11 @@ from sglang_evs.pruning.fields import (
 )
 from sglang_evs.pruning.keys import is_device_handle, key_by_pruning
 from sglang_evs.pruning.settings import Pruning
+
+
+def stream_digest(item) -> str | None:
+    """The digest of the stream group a continued segment is scored against (`fields.STREAM_CONTEXT`), or None."""
+    return item.model_specific_data[STREAM_CONTEXT]["digest"] if continues_stream(item) else None
 
 
 def split_bundled_videos(items: list) -> list:
@@ -93,7 +100,10 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
         start, end = region_span(item)
         region_ids = ids[start:end].clone()
         t, h, w = grid[0], grid[1] // spatial_merge_size, grid[2] // spatial_merge_size
-        kept = pruning.kept_count(h * w, t)
+        if continues_stream(item):  # a segment pruned as its stream is (`streams.py`)
+            kept = continued_count(h * w, t, pruning.rate, pruning.token_budget, pruning.min_tokens_per_group)
+        else:
+            kept = pruning.kept_count(h * w, t)
         keep[start:end] = region_keep(region_ids, video_token_id, canonical_keep_mask(grid, spatial_merge_size, kept))
         item.set(METHOD, pruning.method.name)
         item.set(RATE, pruning.rate)
@@ -111,7 +121,8 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
         item.offsets = [(start, end - 1)]  # one span: the whole region, framing text between groups included
     delete_tokens(output, keep)
     for item in videos:
-        key_by_pruning(item, pruning.method.name, pruning.rate, pruning.token_budget, pruning.min_tokens_per_group)
+        limits = {"token_budget": pruning.token_budget, "min_tokens_per_group": pruning.min_tokens_per_group}
+        key_by_pruning(item, pruning.method.name, pruning.rate, **limits, stream_context=stream_digest(item))
     output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
     return stats
 
@@ -130,6 +141,7 @@ def mark_threshold_videos(output, pruning: Pruning, spatial_merge_size: int) -> 
         t, h, w = grid_tokens(video_grid(item), spatial_merge_size)
         tokens.append(t * h * w)
         item.set(THRESHOLD, {"threshold": pruning.threshold, **limits})
-        key_by_pruning(item, pruning.method.name, 0.0, **limits, threshold=pruning.threshold)
+        key_by_pruning(item, pruning.method.name, 0.0, **limits, threshold=pruning.threshold,
+                       stream_context=stream_digest(item))  # fmt: skip
     output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
     return tokens

@@ -7,6 +7,8 @@ and `video_pruning_min_tokens_per_group` k (no temporal group keeps fewer than k
 `video_pruning_threshold` t in [0, 2] (EVS: keep group 0 and what changed by more than t), which decides the
 count in place of the rate, by the content (`methods.threshold`): one setting names a rate or a threshold,
 not both, and a request naming a rate sets aside a server's default threshold (and the other way round).
+A request's `video_stream` (true: its videos are consecutive segments of one stream, `pruning/streams.py`) is
+a request's alone, never a server default.
 The server default comes from the model config (`--json-model-override-args`, or
 `python -m sglang_evs.launch_server --video-pruning-method M --video-pruning-rate Q ...`); a request's
 `mm_processor_kwargs` may name any of them, and what it leaves out is the server's. A chat request may
@@ -19,7 +21,7 @@ errors that refuse it, are `refusals.py`'s.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sglang_evs.methods import (
     DEFAULT_METHOD,
@@ -27,6 +29,7 @@ from sglang_evs.methods import (
     PRUNING_METHOD_SETTING,
     PRUNING_RATE_SETTING,
     PRUNING_THRESHOLD_SETTING,
+    STREAM_SETTING,
     TOKEN_BUDGET_SETTING,
     PruningMethod,
     check_pruning_rate,
@@ -43,6 +46,7 @@ SETTINGS = (
     TOKEN_BUDGET_SETTING,
     MIN_TOKENS_PER_GROUP_SETTING,
     PRUNING_THRESHOLD_SETTING,
+    STREAM_SETTING,
 )
 # Every key the plugin reads from a config or a request: the retired one too, to refuse it by name.
 READ_SETTINGS = (*SETTINGS, RETIRED_SETTING)
@@ -57,6 +61,7 @@ class Pruning:
     token_budget: int = 0  # N: at most N tokens per video; 0: none (a budget alone prunes)
     min_tokens_per_group: int = 0  # k: no temporal group keeps fewer; 0: none (raises the count, never prunes)
     threshold: float | None = None  # t in [0, 2], EVS only: decides the count in place of the rate; None: none
+    stream: bool = False  # the request's videos are consecutive segments of one stream (`pruning/streams.py`)
 
     @property
     def prunes(self) -> bool:
@@ -134,6 +139,17 @@ def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
         default.min_tokens_per_group if floor is None else check_token_count(floor, MIN_TOKENS_PER_GROUP_SETTING),
         default_threshold if threshold is None else check_pruning_threshold(threshold),
     )
+    stream = settings.get(STREAM_SETTING)
+    if stream is not None and not isinstance(stream, bool):
+        raise ValueError(f"{STREAM_SETTING} must be true or false, got {stream!r}")
+    if stream:
+        if pruning.method != DEFAULT_METHOD:
+            raise ValueError(
+                f"{STREAM_SETTING} prunes a stream as EVS scores it (each segment's first group against the stream's "
+                f"group before it) and takes {PRUNING_METHOD_SETTING}='{DEFAULT_METHOD.name}', not "
+                f"{pruning.method.name!r}"
+            )
+        pruning = replace(pruning, stream=True)
     if pruning.follows_content and pruning.method != DEFAULT_METHOD:
         raise ValueError(
             f"{PRUNING_THRESHOLD_SETTING}={pruning.threshold} is EVS's dissimilarity and takes "
@@ -144,6 +160,8 @@ def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
 
 def server_pruning(hf_config) -> Pruning:
     """The server-wide default; raises ValueError naming the setting if it is invalid."""
+    if getattr(hf_config, STREAM_SETTING, None) is not None:
+        raise ValueError(f"{STREAM_SETTING} marks one request's videos as one stream: it is no server default")
     return pruning_from({key: getattr(hf_config, key, None) for key in READ_SETTINGS}, NO_PRUNING)
 
 

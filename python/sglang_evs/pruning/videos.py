@@ -40,15 +40,23 @@ import torch
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.methods import METHODS, limited_mask, threshold_limited_mask
+from sglang_evs.methods import (
+    METHODS,
+    continued_mask,
+    continued_threshold_mask,
+    limited_mask,
+    threshold_limited_mask,
+)
 from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import (
     METHOD,
     RATE,
     REGION_IDS,
     REGION_POSITIONS,
+    STREAM_CONTEXT,
     THRESHOLD,
     THRESHOLD_KEPT,
+    continues_stream,
     encoder_patches,
     is_pruned,
     pruned_limits,
@@ -108,13 +116,13 @@ class PrunedVideos:
         setting = item.model_specific_data[THRESHOLD]
         if item.hash is None:  # pixels handed over as a device handle: keyed here, as SGLang keys it later (keys.py)
             item.set_pad_value()
-        rows = self._timed_encode([on_device(item, self.embed_tokens.weight.device)])
-        mask = threshold_limited_mask(
-            rows, video_grid(item), self.spatial_merge_size, setting["threshold"],
-            setting["token_budget"], setting["min_tokens_per_group"],
-        )  # fmt: skip
+        rows = self._timed_encode([on_device(with_stream_context(item), self.embed_tokens.weight.device)])
+        limits = (setting["threshold"], setting["token_budget"], setting["min_tokens_per_group"])
+        by_threshold = continued_threshold_mask if continues_stream(item) else threshold_limited_mask
+        mask = by_threshold(rows, video_grid(item), self.spatial_merge_size, *limits)
         (mask,) = self._agreed([item], [mask], at_admission=True)
-        hold(item, rows[mask.to(rows.device)])
+        own = self._own_rows(item, rows)
+        hold(item, own[mask.to(own.device)])
         return mask.cpu()
 
     def features(self, items: list) -> list[torch.Tensor]:
@@ -138,21 +146,31 @@ class PrunedVideos:
 
     def _decided(self, item) -> torch.Tensor:
         """A decided threshold video's kept rows, encoded again (those from its admission were not held)."""
-        rows = self._timed_encode([item])
+        rows = self._own_rows(item, self._timed_encode([with_stream_context(item)]))
         return rows[item.model_specific_data[THRESHOLD][THRESHOLD_KEPT].to(rows.device)]
+
+    def _own_rows(self, item, rows: torch.Tensor) -> torch.Tensor:
+        """An item's rows without the stream group encoded before them (`with_stream_context`), if any."""
+        if not continues_stream(item):
+            return rows
+        _, height, width = video_grid(item)
+        return rows[height * width // self.spatial_merge_size**2 :]
 
     def _features(self, items: list) -> list[torch.Tensor]:
         merge = self.spatial_merge_size
-        # An unpruned item may still bundle several videos (Qwen2-VL family): count all its grids.
-        patches = [encoder_patches(item) for item in items]
         if not any(is_pruned(item) for item in items):  # one tower call, as upstream's getter makes it
-            return list(self._timed_encode(items).split([n // merge**2 for n in patches]))
-        encoded = torch.cat([self._timed_encode(group) for group in self._encoder_groups(items, patches)])
+            # An unpruned item may still bundle several videos (Qwen2-VL family): count all its grids.
+            return list(self._timed_encode(items).split([encoder_patches(item) // merge**2 for item in items]))
+        encoded_items = [with_stream_context(item) for item in items]  # a continued segment: its stream group first
+        patches = [encoder_patches(item) for item in encoded_items]
+        encoded = torch.cat([self._timed_encode(group) for group in self._encoder_groups(encoded_items, patches)])
         start = time.perf_counter()
         rows_per_item = encoded.split([n // merge**2 for n in patches])
         pruned = [(item, rows) for item, rows in zip(items, rows_per_item, strict=True) if is_pruned(item)]
         masks = dict(zip((id(item) for item, _ in pruned), self._decided_masks(pruned), strict=True))
-        filled = {id(item): self._fill_region(item, rows, masks[id(item)]) for item, rows in pruned}
+        filled = {
+            id(item): self._fill_region(item, self._own_rows(item, rows), masks[id(item)]) for item, rows in pruned
+        }
         out = [filled.get(id(item), rows) for item, rows in zip(items, rows_per_item, strict=True)]
         if trace.enabled():
             trace.record("mask_and_fill", items=[item.hash for item in items], ms=(time.perf_counter() - start) * 1e3)
@@ -183,11 +201,13 @@ class PrunedVideos:
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
         """The item's method at its rate, under the budget and floor it carries (`methods.limited_mask`: exactly
         the count its region was laid out with)."""
-        pinned = pinned_mask(item.hash, rows.shape[0])
+        pinned = pinned_mask(item.hash, self._own_rows(item, rows).shape[0])
         if pinned is not None:
             return pinned.to(rows.device)
         data = item.model_specific_data
         method, grid, merge = METHODS[data[METHOD]], video_grid(item), self.spatial_merge_size
+        if continues_stream(item):  # `rows`: the stream group before the segment, then the segment's
+            return continued_mask(rows, grid, merge, data[RATE], *pruned_limits(item))
         return limited_mask(method, rows, grid, merge, data[RATE], *pruned_limits(item))
 
     def _timed_encode(self, items: list) -> torch.Tensor:
@@ -267,6 +287,23 @@ class PrunedVideos:
         self.masks.move_to_end(key)
         while len(self.masks) > self.MASKS_KEPT:
             self.masks.popitem(last=False)
+
+
+def with_stream_context(item):
+    """The item as the tower is to encode it: a segment that continues a stream (`fields.STREAM_CONTEXT`) with the
+    stream's group before it first, its grid one temporal group longer (a copy: the item keeps its own); any other
+    item as it is."""
+    if not continues_stream(item):
+        return item
+    context = item.model_specific_data[STREAM_CONTEXT]["patches"]
+    t, height, width = video_grid(item)
+    moved = copy.copy(item)
+    moved.model_specific_data = {
+        **item.model_specific_data,
+        "video_grid_thw": torch.tensor([[t + 1, height, width]], dtype=item.video_grid_thw.dtype),
+    }
+    moved.feature = torch.cat([context.to(item.feature.device, item.feature.dtype), item.feature])
+    return moved
 
 
 def pinned_mask(key: int, rows: int) -> torch.Tensor | None:

@@ -102,3 +102,28 @@ def _floors_then_best(row_scores: list[float], groups: int, floor: int, count: i
     mask = torch.zeros(groups * tpf, dtype=torch.bool)
     mask[first + rest] = True
     return mask
+
+
+def stream_keep_masks(
+    rows: Sequence[torch.Tensor], grid_thw: Sequence[Sequence[int]], spatial_merge_size: int, q: float | None = None,
+    threshold: float | None = None,
+) -> list[torch.Tensor]:  # fmt: skip
+    """One stream's segments (their rows, [T_i * h * w, D] each, and grids) pruned as the stream: the spec's scores on
+    the segments' rows concatenated (the stream's group 0 alone scores 255), then per segment, at a rate its
+    ``kept_count`` (the first) or ``int(T * tpf * (1 - q))`` (a continued one, which no group of keeps whole) best
+    scores, ties to the lower row; or at a threshold every cell above it (the stream's group 0 kept)."""
+    t = [int(grid[0]) for grid in grid_thw]
+    _, hh, ww = (int(v) for v in grid_thw[0])
+    tpf = (hh // spatial_merge_size) * (ww // spatial_merge_size)
+    stream = scores(torch.cat(list(rows)), (sum(t), hh, ww), spatial_merge_size)
+    masks, start = [], 0
+    for index, groups in enumerate(t):
+        s = stream[start : start + groups * tpf]
+        start += groups * tpf
+        if threshold is not None:
+            masks.append(torch.tensor([score > threshold or math.isnan(score) for score in s]))
+            continue
+        count = kept_count(tpf, groups, q) if index == 0 else int(groups * tpf * (1 - q))
+        chosen = set(sorted(range(len(s)), key=lambda i: -s[i])[:count])  # stable: ties to the lower row
+        masks.append(torch.tensor([i in chosen for i in range(len(s))], dtype=torch.bool))
+    return masks

@@ -195,6 +195,57 @@ def hf_video_prompt(
     return VideoPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
 
 
+@cache
+def hf_stream_prompt(
+    model_dir: Path, clips: tuple[Path, ...], q: float | None = None, threshold: float | None = None
+) -> VideoPrompt:
+    """``chat_prompt(VIDEO, ...)`` with ``clips`` as one stream's segments, laid out by transformers' processor and
+    Qwen3-VL as a `video_stream` request is served: each segment's frames sampled as SGLang samples them, its frame
+    indices counted on from the segments before (so its timestamps continue), and the rows the stream rule keeps
+    (`evs_oracle.stream_keep_masks`, on HF's features of the segments). Computed once per arguments."""
+    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
+    from sglang.srt.utils.common import load_video
+
+    from sglang_evs.testing.evs_oracle import stream_keep_masks
+
+    model, processor = hf(str(model_dir))
+    videos, metadata, before = [], [], 0
+    for clip in clips:
+        frames, meta = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+        videos.append(frames)
+        metadata.append({**meta, "frames_indices": meta["frames_indices"] + before})
+        before += int(meta["total_num_frames"])
+    prompt = chat_prompt(*[VIDEO] * len(clips))
+    inputs = processor(text=[prompt], videos=videos, video_metadata=metadata, do_sample_frames=False,
+                       return_tensors="pt")  # fmt: skip
+    ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
+    cfg = model.config
+    with torch.no_grad():
+        positions, delta = model.model.get_rope_index(ids[None], inputs["mm_token_type_ids"], video_grid_thw=grid)
+        feats = model.model.get_video_features(inputs["pixel_values_videos"], grid)
+        main = list(feats.pooler_output)
+        levels = [list(per_video) for per_video in feats.deepstack_features]
+        rows = [torch.cat([m, *(level[i] for level in levels)], dim=1) for i, m in enumerate(main)]
+        masks = stream_keep_masks(rows, grid.tolist(), cfg.vision_config.spatial_merge_size, q, threshold)
+        mask = torch.cat(masks)
+        is_pad = ids == cfg.video_token_id
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        keep[is_pad] = mask
+        embeds = model.model.language_model.embed_tokens(ids)
+        embeds[is_pad] = torch.cat(main)
+    deepstack = [torch.cat(level)[mask] for level in levels]
+    return VideoPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, deepstack)
+
+
+def hf_stream_greedy(model_dir: Path, clips: tuple[Path, ...], q: float | None = None, threshold: float | None = None,
+                     steps: int = 8) -> HFReference:  # fmt: skip
+    """HF's greedy reply to a stream's prompt, the rule's kept rows at their unpruned positions (`hf_stream_prompt`)."""
+    prompt = hf_stream_prompt(model_dir, clips, q, threshold)
+    with torch.no_grad():
+        return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions.clone(), prompt.delta, prompt.keep,
+                                 prompt.is_pad, steps, visual=prompt.is_pad, deepstack=prompt.deepstack)  # fmt: skip
+
+
 def append_text(
     model, embeds: torch.Tensor, positions: torch.Tensor, offset: int, ids: Sequence[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
