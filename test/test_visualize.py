@@ -47,3 +47,25 @@ def test_evs_mask_is_the_oracles_on_the_towers_rows(tiny_model_dir, tmp_path, mo
     levels = len(config["vision_config"]["deepstack_visual_indexes"])
     assert levels > 0 and scored["rows"].shape[1] == (1 + levels) * config["text_config"]["hidden_size"]
     assert torch.equal(kept.mask, evs_oracle_mask(scored["rows"], scored["grid"], scored["merge"], 0.5))
+
+
+@pytest.mark.parametrize(("kind", "kept_groups"), [("static", 1), ("noise", None)])
+def test_a_stream_picture_shows_what_the_stream_keeps(tiny_model_dir, tmp_path, kind, kept_groups):
+    """Two segments of one camera as one stream at a threshold: a static camera keeps its first group for the whole
+    stream, a camera seeing something new every frame keeps nearly everything; the picture frames exactly that."""
+    frames = media.clip_frames(kind, num_frames=32, seed=9)
+    segments = [media.write_mp4(tmp_path / f"{kind}-{i}.mp4", frames[16 * i : 16 * (i + 1)]) for i in (0, 1)]
+    out = visualize.main([*map(str, segments), "--stream", "--threshold", "0.05", "--model-path", str(tiny_model_dir),
+                          "-o", str(tmp_path / "stream.png")])  # fmt: skip
+    kept = visualize.kept_over_stream(tiny_model_dir, segments, threshold=0.05)
+    t, gh, gw = kept.grid
+    h, w = gh // kept.merge, gw // kept.merge
+    per_group = kept.mask.view(t, h * w).sum(dim=1).tolist()
+    if kept_groups is not None:
+        assert per_group == [h * w] + [0] * (t - 1)
+    else:
+        assert sum(per_group) > 0.9 * t * h * w and min(per_group) > 0
+    picture = Image.open(out).convert("RGB")
+    shown = torch.tensor([picture.getpixel(visualize.cell_origin(kept, g, r, c, min(4, t))) == visualize.KEPT_FRAME
+                          for g in range(t) for r in range(h) for c in range(w)])  # fmt: skip
+    assert torch.equal(shown, kept.mask)

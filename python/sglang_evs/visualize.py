@@ -1,6 +1,7 @@
 """See what pruning kept: the clip's sampled frames with the pruned tokens' patches dimmed.
 
     python -m sglang_evs.visualize CLIP --model-path PATH [--rate 0.75] [--method evs|vidcom2] -o kept.png
+    python -m sglang_evs.visualize SEG1 SEG2 ... --stream --model-path PATH [--rate 0.75 | --threshold 0.1] -o kept.png
 
 The frames are sampled as SGLang's processor of the checkpoint's family samples them (Qwen-VL's, or GLM's
 own sampler for GLM-4.1V / GLM-4.5V), encoded by the checkpoint's own
@@ -8,7 +9,9 @@ vision tower (HF transformers, the same weights the server loads), and scored by
 the server uses (`methods.METHODS`) on the same rows (`[main | deepstack...]` where the tower has
 deepstack levels). One tile per temporal group (its first frame, at the size the tower saw it),
 one cell per merged token: kept cells framed in green, pruned cells dimmed, and the group's kept
-count above it.
+count above it. With `--stream`, the clips are one stream's segments, pruned as a `video_stream` request prunes
+them (`methods.stream`: each segment after the first scored against the stream's group before it), their groups
+drawn one after the other.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 import torch
 
 from sglang_evs import sglang_compat as sglang
-from sglang_evs.methods import METHODS
+from sglang_evs.methods import EVS, METHODS, continued_mask, continued_threshold_mask, threshold_limited_mask
 
 KEPT_FRAME = (0, 255, 0)  # the first pixel of every kept cell; pruned cells are dimmed below 64
 DIM = 0.25
@@ -61,6 +64,47 @@ def kept_tokens(model_path: str | Path, clip: str | Path, rate: float, method: s
     return KeptTokens(
         resized, mask, (t, gh, gw), vision.patch_size * vision.spatial_merge_size, vision.spatial_merge_size
     )
+
+
+def kept_over_stream(
+    model_path: str | Path, clips: list[str | Path], rate: float = 0.0, threshold: float | None = None
+) -> KeptTokens:
+    """The segments ``clips`` of one stream encoded by the checkpoint's vision tower (their frame times counted on
+    from segment to segment), pruned by EVS at ``rate`` or by ``threshold`` as a `video_stream` request prunes
+    them; one `KeptTokens` over all their groups."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_path)
+    model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
+    vision, masks, tiles, frames_before = model.config.vision_config, [], [], 0
+    merge, previous = vision.spatial_merge_size, None
+    for clip in clips:
+        frames, extra = sampled_frames(model.config.model_type, processor.video_processor, clip)
+        for metadata in extra.get("video_metadata", ()):
+            metadata["frames_indices"] = metadata["frames_indices"] + frames_before
+            frames_before += int(metadata["total_num_frames"])
+        inputs = processor.video_processor(videos=[frames], return_tensors="pt", **extra)
+        grid = inputs["video_grid_thw"][0]
+        with torch.no_grad():
+            features = model.model.get_video_features(inputs["pixel_values_videos"], inputs["video_grid_thw"])
+        main = torch.cat(list(getattr(features, "pooler_output", features)))
+        levels = [torch.cat(list(level)) for level in getattr(features, "deepstack_features", None) or []]
+        rows = torch.cat([main, *levels], dim=1)
+        t, gh, gw = (int(v) for v in grid)
+        if previous is None:
+            masks.append(threshold_limited_mask(rows, grid, merge, threshold) if threshold is not None
+                         else EVS.retention_mask(rows, grid, merge, rate))  # fmt: skip
+        else:  # scored against the stream's group before it: the previous segment's last
+            with_context = torch.cat([previous[-(gh // merge) * (gw // merge) :], rows])
+            masks.append(continued_threshold_mask(with_context, grid, merge, threshold) if threshold is not None
+                         else continued_mask(with_context, grid, merge, rate))  # fmt: skip
+        previous = rows
+        tiles.append(torch.nn.functional.interpolate(
+            frames[:: vision.temporal_patch_size][:t].float(), size=(gh * vision.patch_size, gw * vision.patch_size),
+            mode="bilinear", align_corners=False,
+        ).clamp(0, 255).to(torch.uint8))  # fmt: skip
+    groups = sum(tile.shape[0] for tile in tiles)
+    return KeptTokens(torch.cat(tiles), torch.cat(masks), (groups, gh, gw), vision.patch_size * merge, merge)
 
 
 def sampled_frames(model_type: str, video_processor, clip: str | Path) -> tuple[torch.Tensor, dict]:
@@ -113,16 +157,27 @@ def draw(kept: KeptTokens, columns: int = 4):
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("clip", type=Path)
+    parser.add_argument("clips", type=Path, nargs="+", help="a clip, or with --stream one stream's segments in order")
     parser.add_argument("--model-path", required=True, help="a checkpoint the plugin prunes (tiny or real)")
     parser.add_argument("--rate", type=float, default=0.75, help="pruning rate q (VidCom2: 1 - retention ratio)")
     parser.add_argument("--method", choices=sorted(METHODS), default="evs")
+    parser.add_argument("--stream", action="store_true", help="the clips are one stream's segments (EVS)")
+    parser.add_argument("--threshold", type=float, default=None, help="with --stream: a threshold in place of --rate")
+    parser.add_argument("--columns", type=int, default=4, help="tiles per row of the picture")
     parser.add_argument("-o", "--output", type=Path, default=Path("kept.png"))
     args = parser.parse_args(argv)
-    kept = kept_tokens(args.model_path, args.clip, args.rate, args.method)
-    draw(kept).save(args.output)
+    if args.stream:
+        kept = kept_over_stream(args.model_path, args.clips, args.rate, args.threshold)
+        setting = f"a stream of {len(args.clips)} segments, " + (
+            f"threshold {args.threshold}" if args.threshold is not None else f"q={args.rate}"
+        )
+    elif len(args.clips) == 1:
+        kept, setting = kept_tokens(args.model_path, args.clips[0], args.rate, args.method), f"q={args.rate}"
+    else:
+        parser.error("several clips are one stream's segments: add --stream")
+    draw(kept, args.columns).save(args.output)
     total = kept.mask.numel()
-    print(f"{args.method} at q={args.rate}: kept {int(kept.mask.sum())} of {total} video tokens -> {args.output}")
+    print(f"{args.method} at {setting}: kept {int(kept.mask.sum())} of {total} video tokens -> {args.output}")
     return args.output
 
 

@@ -30,6 +30,7 @@ from sglang_evs.testing.requests import (
     chat_prompt,
     generate,
     media_kwargs,
+    metric_samples,
     per_request_rate,
     pruning_setting,
 )
@@ -335,8 +336,8 @@ def pair_layout(request, files, tmp_path_factory) -> dict:
         if "--enable-metrics" in encoder_args:
             metrics = requests.get(f"{encoder_server.base_url}/metrics", timeout=30).text
             out["video_cache_hit_tokens"] = sum(
-                float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                if line.startswith("sglang:encoder_cache_hit_tokens_total") and 'modality="video"' in line
+                sample.value for sample in metric_samples(metrics)
+                if sample.name == "sglang:encoder_cache_hit_tokens_total" and sample.labels.get("modality") == "video"
             )  # fmt: skip
     return out
 

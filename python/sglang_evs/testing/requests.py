@@ -130,9 +130,16 @@ def flush_cache(base_url: str, timeout: float = 30) -> None:
         time.sleep(0.2)
 
 
+def metric_samples(metrics_text: str) -> list:
+    """Every sample of a Prometheus text exposition (`prometheus_client`'s parser): `.name`, `.labels`, `.value`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [sample for family in text_string_to_metric_families(metrics_text) for sample in family.samples]
+
+
 def metric_total(metrics_text: str, name: str) -> float:
     """The sum of one Prometheus metric's samples over its label sets (0 where absent)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith(name + "{"))
+    return sum(sample.value for sample in metric_samples(metrics_text) if sample.name == name)
 
 
 def served_requests(base_url: str) -> float:
@@ -145,12 +152,10 @@ def pruning_metrics(*base_urls: str) -> dict[tuple[str, str], float]:
     `_total`, method) -> value."""
     counters: dict[tuple[str, str], float] = {}
     for base_url in base_urls:
-        for line in requests.get(f"{base_url}/metrics", timeout=30).text.splitlines():
-            if line.startswith("sglang_evs_") and "_total{" in line:
-                name, rest = line[len("sglang_evs_") :].split("_total{", 1)
-                labels, value = rest.rsplit("} ", 1)
-                method = dict(pair.split("=", 1) for pair in labels.split(","))["method"].strip('"')
-                counters[name, method] = counters.get((name, method), 0.0) + float(value)
+        for sample in metric_samples(requests.get(f"{base_url}/metrics", timeout=30).text):
+            if sample.name.startswith("sglang_evs_") and sample.name.endswith("_total"):
+                key = sample.name[len("sglang_evs_") : -len("_total")], sample.labels["method"]
+                counters[key] = counters.get(key, 0.0) + sample.value
     return counters
 
 
