@@ -93,7 +93,7 @@ INTERNALS: dict[str, str] = {
     "glm_video_config": "sglang.srt.multimodal.processors.glm4v:glm_processor_video_config",
     "load_video": "sglang.srt.utils.common:load_video",
     "one_batch": "sglang.benchmark.one_batch:",
-    "bench_serving_cli": "sglang.benchmark.serving:cli_main",  # `python -m sglang.bench_serving`, run in-process
+    "bench_serving_cli": "sglang.benchmark.serving:cli_main",  # `python -m sglang.benchmark.serving`, run in-process
     "ServerArgs": "sglang.srt.server_args:ServerArgs",
     "PortArgs": "sglang.srt.server_args:PortArgs",
     "SpawnRanks": "sglang.srt.runtime_context:SpawnRanks",
