@@ -44,3 +44,26 @@ def test_parquet_layout_reads_like_jsonl(fixture_dir, tmp_path):
         a, b = mmmu.read_subject(fixture_dir, subject), mmmu.read_subject(tmp_path, subject)
         assert [r["id"] for r in a] == [r["id"] for r in b] and [r["answer"] for r in a] == [r["answer"] for r in b]
         assert np.array_equal(np.asarray(a[0]["image_1"]), np.asarray(b[0]["image_1"]))
+
+
+def test_the_runner_runs_sglangs_own_run_and_patches_no_sglang_class(fixture_dir, monkeypatch):
+    """`run_mmmu` hands SGLang's `run_eval_once` an `MMMUVLMEval` and reads each question's reply from the eval's own
+    conversations; SGLang's class is the same before and after (its former runner replaced `__call__`)."""
+    from types import SimpleNamespace
+
+    from sglang.test import run_eval, simple_eval_mmmu_vlm
+
+    before = dict(vars(simple_eval_mmmu_vlm.MMMUVLMEval))
+    ran = []
+
+    def run_eval_once(args, base_url, evaluation):  # what SGLang's does, less the server: a reply per sample
+        ran.append((args.eval_name, base_url, type(evaluation).__name__))
+        convos = [[{"role": "assistant", "content": f"answer to {s['id']}"}] for s in evaluation.samples]
+        return SimpleNamespace(convos=convos, metrics={"Math": {"num": len(convos), "acc": 0.5}}, score=0.5), 1.5, None
+
+    monkeypatch.setattr(run_eval, "run_eval_once", run_eval_once)
+    result = mmmu.run_mmmu(fixture_dir, "http://server", limit=3)
+    assert ran == [("mmmu", "http://server", "MMMUVLMEval")]
+    assert len(result["replies"]) == 3 and all(reply == f"answer to {key}" for key, reply in result["replies"].items())
+    assert result["accuracy"] == 0.5 and result["metrics"]["latency"] == 1.5
+    assert dict(vars(simple_eval_mmmu_vlm.MMMUVLMEval)) == before

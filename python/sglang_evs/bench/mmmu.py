@@ -3,7 +3,7 @@
     python -m sglang_evs.bench.mmmu --data-dir DIR --base-url URL [--limit N] [--max-tokens T]
         [--num-threads 8] [--output mmmu.json]
 
-Runs ``sglang.test.run_eval.run_eval`` with ``eval_name="mmmu"`` in this process, i.e. SGLang's
+Runs SGLang's MMMU evaluation (``sglang.test.run_eval``, ``eval_name="mmmu"``) in this process, i.e. SGLang's
 ``MMMUVLMEval`` unchanged: its sample selection (sorted by id, first ``--limit``), prompt, chat
 sampler, answer parsing and per-subject/domain table. The one substitution: the eval module's
 ``load_dataset("MMMU/MMMU", subject, split="validation")`` (a hub download) reads
@@ -106,25 +106,20 @@ def run_mmmu(
     ``output_throughput`` when any tokens came back).
     """
     mmmu_eval = use_local_data(data_dir)
-    from sglang.test import run_eval
+    from sglang.test.run_eval import run_eval_once
 
     args = Namespace(
         eval_name="mmmu", base_url=base_url, host=None, port=None, model=model, num_examples=limit,
         num_threads=num_threads, max_tokens=max_tokens, temperature=None, top_p=None, repeat=1, api="chat",
     )  # fmt: skip
-    replies: dict[str, str] = {}
-    evaluate = mmmu_eval.MMMUVLMEval.__call__
-
-    def evaluate_keeping_replies(self, sampler):
-        result = evaluate(self, sampler)  # one conversation per sample, in sample order
-        replies.update((s["id"], c[-1]["content"]) for s, c in zip(self.samples, result.convos, strict=True))
-        return result
-
-    mmmu_eval.MMMUVLMEval.__call__ = evaluate_keeping_replies
-    try:
-        metrics = run_eval.run_eval(args)
-    finally:
-        mmmu_eval.MMMUVLMEval.__call__ = evaluate
+    # `run_eval`'s own steps for one MMMU run (its eval object, its sampler, its metrics), through its public
+    # `run_eval_once`, which returns the eval's result: the conversations, one per sample in sample order
+    evaluation = mmmu_eval.MMMUVLMEval(limit, num_threads)
+    result, latency, _ = run_eval_once(args, base_url, evaluation)
+    replies = {
+        sample["id"]: convo[-1]["content"] for sample, convo in zip(evaluation.samples, result.convos, strict=True)
+    }
+    metrics = result.metrics | {"score": result.score, "latency": latency}
     subjects = {s for subs in mmmu_eval.MMMUVLMEval.DOMAIN_CAT2SUB_CAT.values() for s in subs}
     per_subject = {k: v for k, v in metrics.items() if k in subjects}
     return {"accuracy": metrics["score"], "per_subject": per_subject, "replies": replies, "metrics": metrics}
