@@ -19,6 +19,7 @@ import runpy
 import sys
 from collections.abc import Mapping
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs.methods import (
     MIN_TOKENS_PER_GROUP_SETTING,
     PRUNING_METHOD_SETTING,
@@ -59,9 +60,8 @@ def fold_pruning_flags(argv: list[str]) -> list[str]:
 
 
 def on_cpu_route(argv: list[str], env: Mapping[str, str]) -> bool:
-    devices = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--device"]
-    devices += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--device=")]
-    return env.get("SGLANG_USE_CPU_ENGINE") == "1" or "cpu" in devices
+    """Whether the server runs on SGLang's CPU route: its CPU engine, or `--device cpu` as SGLang's parser reads it."""
+    return env.get("SGLANG_USE_CPU_ENGINE") == "1" or sglang.server_flags(argv).device == "cpu"
 
 
 def main() -> None:

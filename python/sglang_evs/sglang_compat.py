@@ -7,10 +7,13 @@ release means reading this file against the new source.
 any SGLang version or layout this package was not written against.
 """
 
+import argparse
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -259,6 +262,21 @@ class UnsupportedSGLangError(RuntimeError):
 
 def resolve(name: str) -> Any:
     return _resolve_path(INTERNALS[name])
+
+
+def server_flags(args: Sequence[str]) -> argparse.Namespace:
+    """A server's command line as SGLang's own parser reads it (`ServerArgs.add_cli_args`: every alias, `--flag value`
+    and `--flag=value`), SGLang's defaults for what it leaves out; flags SGLang does not know are ignored. Only
+    what the caller reads is meaningful: the model path is a stand-in where `args` give none."""
+    known, _ = _server_flags_parser().parse_known_args(["--model-path", "-", *args])
+    return known
+
+
+@functools.cache
+def _server_flags_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    resolve("ServerArgs").add_cli_args(parser)
+    return parser
 
 
 def _resolve_path(path: str) -> Any:

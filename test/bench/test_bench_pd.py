@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_evs import trace
+from sglang_evs.bench.samples import read_records
 from sglang_evs.testing.benchmarks import load_benchmark
 from sglang_evs.testing.server import mooncake_missing
 from sglang_evs.transfer_trace import record_transfer
@@ -34,6 +35,9 @@ def test_smoke_measures_both_rates_through_a_pair(bench, tiny_model_dir, tmp_pat
     assert result["failed_transfers"] == 0 and result["ttft_vs_q0"]["pairs"] == 1
     assert q0["encoder_ms"] > 0 and q0["language_model_ms"] > 0  # the prefill server's trace
     assert json.loads(out.read_text())["samples"] and "KV bytes q/0" in capsys.readouterr().out
+    setup, *samples = read_records([out.with_suffix(".jsonl")])  # each request's sample, as it was measured
+    assert setup["rate"] == 0.75 and [(s["round"], s["rate"]) for s in samples] == [(0, 0.0), (0, 0.75)]
+    assert bench.main(["--report", str(out.with_suffix(".jsonl"))]) == result  # the result is the samples' alone
 
 
 def sample(round_, rate, ttft, tokens, page_bytes=100):
@@ -56,6 +60,13 @@ def test_summary_compares_each_round_at_both_rates(bench):
     assert not bench.summarize(samples, 0.75, page_size=16)["kv_pages_fill_the_prompt"]  # 1000 tokens: 63 pages
     with pytest.raises(ValueError, match="both rates"):
         bench.summarize(samples[:3], 0.75)
+
+
+def test_a_run_cut_short_is_reported_from_the_rounds_measured_at_both_rates(bench):
+    setup = {"model": "m", "frames": 8, "server_args": [], "rate": 0.75, "page_size": 1, "config_token_bytes": 100}
+    records = [setup, sample(0, 0.0, 100.0, 1000), sample(0, 0.75, 50.0, 400), sample(1, 0.75, 80.0, 400)]
+    result = bench.result_of(records)  # round 1 stopped before its q = 0 request
+    assert result["rounds"] == 1 and result["samples"] == records[1:3] and result["page_bytes_match_config"]
 
 
 def test_transferred_sums_bytes_by_kind_and_counts_pages(bench):

@@ -1,5 +1,6 @@
 """The GPU prefill-graph benchmark, checked on CPU: its statistics, and a clear exit without a GPU."""
 
+import json
 import math
 import subprocess
 import sys
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_evs.bench.samples import SampleLog, read_records
 from sglang_evs.testing.benchmarks import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "bench_prefill_graph.py"
@@ -67,3 +69,32 @@ def test_both_servers_serve_bfloat16_on_the_gpu_route(bench):
     for backend in ("breakable", "disabled"):
         args = bench.server_args(backend)
         assert args[args.index("--attention-backend") + 1] == "triton" and args[args.index("--dtype") + 1] == "bfloat16"
+
+
+def test_each_pair_is_a_sample_of_the_jsonl_and_the_result_is_the_samples_alone(bench, tmp_path, monkeypatch):
+    times = iter(range(10, 100))
+    sent = []
+
+    def timed(side):
+        def send(url, body, *trace):
+            sent.append(side)
+            return float(next(times)) * (1 if side == "graph" else 1.5)
+
+        return send
+
+    monkeypatch.setattr(bench, "timed_on_graph", timed("graph"))
+    monkeypatch.setattr(bench, "streamed_ttft_ms", timed("eager"))
+    path, out = tmp_path / "r.jsonl", tmp_path / "r.json"
+    with SampleLog(path, 2 * 3) as log:
+        log.write({"backend": "breakable", "model": "m"})
+        bench.measure_pairs({"graph": "g", "eager": "e"}, {"image": {}, "image_video": {}}, 3, path, log)
+    setup, *pairs = read_records([path])
+    assert [(p["case"], p["pair"]) for p in pairs] == [(c, i) for c in ("image", "image_video") for i in range(3)]
+    assert sent[:2] == ["eager", "eager"] and sent[2:4] == ["graph", "eager"] and sent[4:6] == ["eager", "graph"]
+    result = bench.main(["--report", str(path), "--output", str(out)])  # no GPU asked: only the samples
+    assert json.loads(out.read_text()) == result and list(result["cases"]) == ["image", "image_video"]
+    case = result["cases"]["image"]
+    assert case["pairs"][0] == {"graph": 12.0, "eager": 19.5} and len(case["pairs"]) == 3
+    assert case["eager_over_graph_ttft"]["geometric_mean"] == pytest.approx(
+        math.exp(sum(math.log(p["eager"] / p["graph"]) for p in case["pairs"]) / 3)
+    )

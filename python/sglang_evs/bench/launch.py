@@ -12,19 +12,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs.testing.requests import pruning_setting
 from sglang_evs.testing.server import RunningServer, running_server
 
 
 def on_cpu(server_args: Sequence[str]) -> bool:
-    """True unless ``--device X`` (or ``--device=X``) names something other than cpu."""
-    args = list(server_args)
-    for i, arg in enumerate(args):
-        if arg == "--device" and i + 1 < len(args):
-            return args[i + 1] == "cpu"
-        if arg.startswith("--device="):
-            return arg.split("=", 1)[1] == "cpu"
-    return True
+    """True unless the server's `--device` names something other than cpu (as SGLang's parser reads it)."""
+    return sglang.server_flags(server_args).device in (None, "cpu")
 
 
 def rate_args(pruning_rate: float | None, method: str = "evs") -> list[str]:

@@ -12,27 +12,18 @@ import os
 from collections.abc import Mapping, Sequence
 
 THREADS_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
-RANK_FLAGS = {
-    "--tp-size": "tp", "--tensor-parallel-size": "tp", "--tp": "tp",
-    "--dp-size": "dp", "--data-parallel-size": "dp", "--dp": "dp",
-    "--pp-size": "pp", "--pipeline-parallel-size": "pp", "--pp": "pp",
-}  # fmt: skip
-
 
 logger = logging.getLogger(__name__)
 _binding_logged: set[str] = set()
 
 
 def ranks_asked(server_args: Sequence[str]) -> int:
-    """Scheduler ranks the server arguments ask for: tp * dp * pp (1 when none is given)."""
-    sizes = {"tp": 1, "dp": 1, "pp": 1}
-    args = list(server_args)
-    for i, arg in enumerate(args):
-        flag, _, inline = arg.partition("=")
-        if flag in RANK_FLAGS:
-            value = inline or (args[i + 1] if i + 1 < len(args) else "1")
-            sizes[RANK_FLAGS[flag]] = int(value)
-    return sizes["tp"] * sizes["dp"] * sizes["pp"]
+    """Scheduler ranks the server arguments ask for: tp * dp * pp (1 when none is given), as SGLang's parser reads
+    them (`sglang_compat.server_flags`)."""
+    from sglang_evs.sglang_compat import server_flags
+
+    flags = server_flags(server_args)
+    return flags.tp_size * flags.dp_size * flags.pp_size
 
 
 def core_groups(ranks: int, cores: Sequence[int]) -> list[list[int]]:

@@ -2,7 +2,6 @@
 
 import functools
 import json
-import math
 import os
 import random
 import signal
@@ -19,6 +18,7 @@ from typing import NamedTuple
 
 import requests
 
+from sglang_evs import sglang_compat as sglang
 from sglang_evs.runtime.graph_mode import GRAPH_MODE_ENV
 from sglang_evs.runtime.rank_binding import cpu_rank_environment
 from sglang_evs.testing import warm_start
@@ -288,20 +288,15 @@ class Launch:
     port: int | None = None
 
 
-def int_flag(args: Sequence[str], flag: str, default: int = 1) -> int:
-    """The integer `flag` is given in a server's arguments, or `default` where it is not given."""
-    args = list(args)
-    return int(args[args.index(flag) + 1]) if flag in args else default
-
-
 def tokenizer_workers(args: Sequence[str]) -> int:
     """HTTP tokenizer processes a server runs (`--tokenizer-worker-num`), each of which sends a warm-up request."""
-    return int_flag(args, "--tokenizer-worker-num")
+    return sglang.server_flags(args).tokenizer_worker_num
 
 
 def rank_count(args: Sequence[str]) -> int:
-    """Processes a server runs its model in: the product of its --tp-size, --pp-size and --dp-size."""
-    return math.prod(int_flag(args, flag) for flag in ("--tp-size", "--pp-size", "--dp-size"))
+    """Processes a server runs its model in: the product of its tp, pp and dp sizes, by any of their names."""
+    flags = sglang.server_flags(args)
+    return flags.tp_size * flags.pp_size * flags.dp_size
 
 
 @contextmanager
