@@ -96,6 +96,7 @@ def test_this_test_environment_has_the_hook_from_the_cpu_route_distribution():
     assert PTH not in {str(f) for f in importlib.metadata.distribution("sglang-evs").files or ()}
 
 
+@pytest.mark.slow
 def test_the_metadata_is_pep_621s_and_refuses_python_3_10(tmp_path):
     """`pyproject.toml` is the one source: Python 3.11 or later (SGLang 0.5.23's own floor), so pip refuses the wheel
     for 3.10 instead of installing a plugin whose SGLang cannot run there."""

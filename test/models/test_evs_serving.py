@@ -502,6 +502,7 @@ def test_two_static_segments_as_one_stream_keep_what_one_segment_keeps_at_a_thre
     assert apart.meta["video_tokens_after_pruning"] == 2 * TOKENS_PER_GROUP
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", [{"video_pruning_rate": 0.5}, {"video_pruning_threshold": 0.9}], ids=["q.5", "t.9"])
 def test_a_stream_in_96_token_chunks_is_what_hf_gives_its_prompt_with_the_streams_mask(
     evs_server, tiny_model_dir, segments, setting
