@@ -1,6 +1,5 @@
 """A request's encoded videos held from its first chunk to its last (`pruning/holds.py`), on SGLang's own items."""
 
-import gc
 import pickle
 
 import pytest
@@ -14,12 +13,15 @@ from sglang_evs.pruning import holds
 def nothing_held_before_or_after():
     assert holds.held_bytes() == 0
     yield
-    gc.collect()
     assert holds.held_bytes() == 0
 
 
+KEYS = iter(range(1000, 10**6))
+
+
 def video(*spans: tuple[int, int]) -> MultimodalDataItem:
-    return MultimodalDataItem(modality=Modality.VIDEO, offsets=list(spans), hash=len(spans))
+    """A video item with a key of its own (as SGLang's scheduler keys it)."""
+    return MultimodalDataItem(modality=Modality.VIDEO, offsets=list(spans), hash=next(KEYS))
 
 
 def test_held_rows_are_counted_once_per_storage_and_let_go_on_release():
@@ -34,29 +36,27 @@ def test_held_rows_are_counted_once_per_storage_and_let_go_on_release():
     assert holds.held_bytes() == 0
 
 
-def test_what_is_held_never_travels_with_the_item():
+def test_a_copy_of_the_item_finds_its_rows_as_another_rank_would():
+    """Under tensor parallelism a rank may prefill SGLang's copy of the items another rank admitted: the hold is the
+    key's, so every rank finds it alike (a rank that encodes alone would hang the tower's collectives)."""
     item = video((2, 9))
     holds.hold(item, torch.ones(8, 4))
     copy = pickle.loads(pickle.dumps(item))
-    assert holds.held_rows(copy) is None and copy.offsets == item.offsets
-    holds.release(item)
+    assert copy is not item and holds.held_rows(copy) is holds.held_rows(item)
+    holds.release(copy)
+    assert holds.held_rows(item) is None
 
 
-def test_past_the_bound_a_video_is_not_held(monkeypatch):
+def test_rows_larger_than_the_bound_are_not_held_and_the_oldest_make_room(monkeypatch):
     monkeypatch.setenv(holds.BOUND_ENV, str(1000 / 2**20))  # 1000 bytes
-    small, large = video((0, 3)), video((5, 100))
-    assert holds.hold(small, torch.zeros(4, 8))  # 128 bytes
-    assert not holds.hold(large, torch.zeros(96, 8))
-    assert holds.held_rows(large) is None and holds.held_bytes() == 128
-    holds.release(small)
-
-
-def test_an_item_dropped_without_a_release_takes_its_rows_with_it():
-    item = video((0, 3))
-    holds.hold(item, torch.zeros(4, 8))
-    del item
-    gc.collect()
-    assert holds.held_bytes() == 0
+    oldest, newer, newest, large = video((0, 3)), video((5, 8)), video((10, 13)), video((15, 100))
+    assert not holds.hold(large, torch.zeros(96, 8))  # 3072 bytes: never held
+    for item in (oldest, newer, newest):  # 384 bytes each: the third makes the oldest go
+        assert holds.hold(item, torch.zeros(4, 24))
+    assert holds.held_rows(oldest) is None and holds.held_rows(newer) is not None
+    assert holds.held_bytes() == 768 and holds.held_rows(large) is None
+    for item in (newer, newest):
+        holds.release(item)
 
 
 def test_a_requests_videos_are_let_go_by_the_forward_that_covers_the_last_of_them():

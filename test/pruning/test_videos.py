@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from sglang_evs import sglang_compat
 from sglang_evs.methods import EVS
 from sglang_evs.multimodal.contract import BatchLayout
+from sglang_evs.pruning import holds
 from sglang_evs.pruning.fields import METHOD, RATE, REGION_IDS, REGION_POSITIONS, region_keep
 from sglang_evs.pruning.videos import PrunedVideos, agreed_masks
 
@@ -136,6 +137,7 @@ def test_a_forgotten_keep_mask_is_computed_again_by_encoding_the_video_again():
     assert encoded == [1, 1]  # encoded a second time
     assert torch.equal(videos.masks[item.hash], first_mask)
     assert torch.equal(again, remembered) and again[:, 3:].any()
+    holds.release(item)
 
 
 def test_the_models_mask_keeps_the_count_the_region_was_laid_out_with_under_a_budget_and_a_floor():
@@ -159,14 +161,13 @@ def test_the_models_mask_keeps_the_count_the_region_was_laid_out_with_under_a_bu
         assert int(mask.sum()) == Pruning(EVS, 0.25, budget, floor).kept_count(4, 3)
         assert min(mask.view(3, 4).sum(dim=1).tolist()) >= floor
         assert region.shape[0] == int(mask.sum()) + 2  # the kept rows and the two framing tokens
+        holds.release(item)
 
 
 def test_a_video_is_encoded_once_per_request_and_pruned_by_one_mask_whatever_a_later_encode_gives():
     """Two chunks of one request fetch the video twice: one tower call (the rows are held, `holds.py`). Once let go,
     a later encode (a repeat, or past the holds' bound) whose rows would rank other cells first still prunes by the
     mask the video was first pruned by: a mask decided per encode would differ here."""
-    from sglang_evs.pruning import holds
-
     video_token = 9
     region_ids = torch.tensor([video_token] * 4 + [5] + [video_token] * 4 + [5] + [video_token] * 4)
     first = torch.randn(12, 4, generator=torch.Generator().manual_seed(2))
@@ -181,7 +182,7 @@ def test_a_video_is_encoded_once_per_request_and_pruned_by_one_mask_whatever_a_l
     videos.pad_token_id, videos.spatial_merge_size = video_token, 1
     videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), encode
     videos.masks, videos.rank_group = OrderedDict(), None
-    item = VideoItem(region_ids, [3, 2, 2], 0.5, start=3)
+    item = VideoItem(region_ids, [3, 2, 2], 0.5, start=3, key=4321)
     request = SimpleNamespace(mm_items=[item])
     layout = BatchLayout(SimpleNamespace(), torch.zeros(1), [(request, 3, 5)])  # a chunk ending inside the region
 

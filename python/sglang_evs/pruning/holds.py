@@ -9,24 +9,30 @@ chunks was encoded three times, 3 x 205 ms of a 1.3-s TTFT.
 
 What is held: the rows the model's video getter returned for an item (`PrunedVideos.features`: a pruned video's
 filled region, so only its kept rows; an unpruned video's rows; a threshold video's kept rows from admission),
-where the getter left them (the model's device), as an attribute of the item itself. It is not one of the item's
-fields, so SGLang never serializes or sends it, and it lives no longer than the request's item does.
+where the getter left them (the model's device), by the item's key (its hash: the content folded with how it is
+pruned). By key, not by the item object: under tensor parallelism a rank's request may hold SGLang's copies of the
+items another rank received, and every rank must make the same choice to encode or not (the tower's collectives
+would otherwise wait on each other: a rank that encodes alone hangs the group). Every decision here follows only
+what every rank sees alike (keys, forwards, finished and aborted requests), so the ranks agree.
 
 Released, whichever comes first:
   - by the forward that covers the request's last held video's last token (`release_consumed`; all of a request's
     videos together, so that a later chunk never encodes an earlier video again in a batch of its own);
   - when SGLang releases the request's media: finished, aborted in the queue or mid-prefill
     (`release_media`, an AFTER hook on `MultimodalInputs.release_features`);
-  - with the item, if neither ran.
-A retracted request is a decoding one: its prefill, and so its holds, ended before.
+  - the oldest first, when a new video needs the room (so a hold whose request went some other way cannot keep
+    its bytes for good).
+A retracted request is a decoding one: its prefill, and so its holds, ended before. Two requests in flight with one
+video and one setting share its rows; the first to finish lets them go, and the other's later chunks encode it
+again, as SGLang does.
 
 Bound: `SGLANG_EVS_HELD_VIDEO_MB` (default `DEFAULT_BOUND_MB`) per process, counted over the storage the held rows
-keep alive. A video whose rows would pass it is not held: its later chunks encode it again, as SGLang does, and
+keep alive. A video whose rows are larger than it is not held: its later chunks encode it again, as SGLang does, and
 it is pruned there by the keep-mask decided at its first (`PrunedVideos`), so the answer is the same.
 """
 
 import os
-import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +43,6 @@ BOUND_ENV = "SGLANG_EVS_HELD_VIDEO_MB"
 # 4 GiB: 32 concurrent 48-s clips of a Qwen3-VL-8B at q = .75 (about 80 MB of kept rows each, with deepstack),
 # or 12 unpruned ones; the tower's own activations for one such clip are larger than its rows.
 DEFAULT_BOUND_MB = 4096
-HELD_ATTR = "_sglang_evs_held"  # on the item's instance dictionary (SGLang's items accept extra attributes)
 
 
 @dataclass(eq=False)
@@ -46,9 +51,9 @@ class Held:
     storage: int  # the key of the storage the rows keep alive (`_storages`)
 
 
-# storage key -> (bytes, the ids of the `Held` alive that keep it): several items' rows may be views of one batch.
-# A `Held` leaves it as it is garbage collected (`weakref.finalize`): popped by `release`, or gone with its item.
-_storages: dict[int, tuple[int, set[int]]] = {}
+_held: OrderedDict[int, Held] = OrderedDict()  # item key -> its rows, oldest first
+# storage key -> [bytes, how many held rows keep it alive]: several items' rows may be views of one tower call
+_storages: dict[int, list[int]] = {}
 
 
 def bound_bytes() -> int:
@@ -61,48 +66,52 @@ def held_bytes() -> int:
 
 
 def held_rows(item) -> torch.Tensor | None:
-    held = item.__dict__.get(HELD_ATTR)
+    held = _held.get(item.hash)
     return None if held is None else held.rows
 
 
 def hold(item, rows: torch.Tensor) -> bool:
-    """Hold `rows` ([tokens, width], the item's encoded rows as the getter returned them) on `item`; False where the
-    bound leaves no room (the item is then encoded again by a later chunk that needs it)."""
-    if held_rows(item) is not None:
+    """Hold `rows` ([tokens, width], the item's encoded rows as the getter returned them) under the item's key; the
+    oldest holds make room if needed. False where the rows alone are larger than the bound (the item is then encoded
+    again by a later chunk that needs it)."""
+    if item.hash in _held:
         return True
     storage = rows.untyped_storage()
     key = storage.data_ptr()
     extra = 0 if key in _storages else storage.nbytes()
-    if extra and held_bytes() + extra > bound_bytes():
-        _record("video_not_held", item, extra)
+    if extra > bound_bytes():
+        _record("video_not_held", item.hash, extra)
         return False
-    held = Held(rows, key)
-    _storages.setdefault(key, (storage.nbytes(), set()))[1].add(id(held))
-    weakref.finalize(held, _forget, key, id(held))
-    item.__dict__[HELD_ATTR] = held
-    _record("video_held", item, extra)
+    while extra and held_bytes() + extra > bound_bytes():
+        _let_go(next(iter(_held)))
+    _storages.setdefault(key, [storage.nbytes(), 0])[1] += 1
+    _held[item.hash] = Held(rows, key)
+    _record("video_held", item.hash, extra)
     return True
 
 
 def release(item) -> None:
-    if item.__dict__.pop(HELD_ATTR, None) is not None:  # the `Held` is collected here: `_forget`
-        _record("video_released", item, 0)
+    _let_go(item.hash)
 
 
-def _forget(key: int, held_id: int) -> None:
-    _, holders = _storages[key]
-    holders.discard(held_id)
-    if not holders:
-        del _storages[key]
+def _let_go(item_key: int) -> None:
+    held = _held.pop(item_key, None)
+    if held is None:
+        return
+    entry = _storages[held.storage]
+    entry[1] -= 1
+    if entry[1] == 0:
+        del _storages[held.storage]
+    _record("video_released", item_key, 0)
 
 
 def release_consumed(requests) -> None:
     """After an extend forward's features were fetched: release each request's held videos once the forward covered
     the last token of the last of them. `requests`: (mm_inputs or None, prefix_len, extend_len) per request."""
-    if not _storages:
+    if not _held:
         return
     for mm_inputs, prefix, extend in requests:
-        held = [item for item in (mm_inputs.mm_items if mm_inputs is not None else ()) if held_rows(item) is not None]
+        held = [item for item in (mm_inputs.mm_items if mm_inputs is not None else ()) if item.hash in _held]
         if held and prefix + extend > max(item.offsets[-1][1] for item in held):
             for item in held:
                 release(item)
@@ -116,6 +125,6 @@ def release_media(result, mm_inputs, *args, **kwargs):
     return result
 
 
-def _record(event: str, item, nbytes: int) -> None:
+def _record(event: str, item_key: int, nbytes: int) -> None:
     if trace.enabled():
-        trace.record(event, item=item.hash, bytes=nbytes, held_bytes=held_bytes())
+        trace.record(event, item=item_key, bytes=nbytes, held_bytes=held_bytes())
