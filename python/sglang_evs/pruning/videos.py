@@ -179,7 +179,11 @@ class PrunedVideos:
     def _decided_masks(self, pruned: list[tuple]) -> list[torch.Tensor]:
         """Each pruned (item, rows)'s keep-mask: the one its video was first pruned by, or decided now (and agreed
         across ranks, then remembered). Every rank remembers the same masks, as it runs the same batches."""
-        new = list({item.hash: (item, rows) for item, rows in reversed(pruned) if item.hash not in self.masks}.values())
+        new, seen = [], set()
+        for item, rows in pruned:  # in the batch's order (the trace's keep-masks follow it), each key once
+            if item.hash not in self.masks and item.hash not in seen:
+                seen.add(item.hash)
+                new.append((item, rows))
         decided = self._agreed([item for item, _ in new], [self._compute_keep_mask(item, rows) for item, rows in new])
         for (item, _), mask in zip(new, decided, strict=True):
             self._remember(item.hash, mask)
