@@ -53,6 +53,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
+from sglang_evs.bench.samples import SampleLog, read_records
+
 STEPS = {"1": ("requests",), "2": ("load",), "all": ("requests", "load")}
 SERVERS = ("upstream", "plugin", "pruning")
 UPSTREAM_ENV = {"SGLANG_PLUGINS": "none"}  # SGLang without the plugin, as the tests' upstream servers run
@@ -154,14 +156,13 @@ class Run:
     kind, for the first of a kind)."""
 
     def __init__(self, output: Path, budget_s: float | None, clock: Callable[[], float] = time.monotonic):
-        self.output, self.clock, self.started = output, clock, clock()
+        self.log, self.clock, self.started = SampleLog(output), clock, clock()
         self.deadline = None if budget_s is None else self.started + budget_s
         self.longest: dict[str, float] = {}
         self.id = f"{time.strftime('%Y%m%dT%H%M%S')}-{id(self) % 10000}"
 
     def write(self, record: dict) -> None:
-        with self.output.open("a") as out:
-            out.write(json.dumps({"run": self.id, **record}) + "\n")
+        self.log.write({"run": self.id, **record})
 
     def sample(self, kind: str, measure: Callable[[], dict], **fields) -> dict:
         expected = self.longest.get(kind, max(self.longest.values(), default=0.0))
@@ -303,18 +304,6 @@ def warm_up_server(server: Server, work: Path, dataset: Path) -> dict:
 
     warm_up(server.url, work, dataset)
     return {}
-
-
-def read_records(paths: Iterable[Path]) -> list[dict]:
-    """The records of the JSONL files, in order; a line cut off by a stop is left out."""
-    records = []
-    for path in paths:
-        for line in Path(path).read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
 
 
 def complete_groups(samples: list[dict], key: Sequence[str], expected: dict[str, list[str]]) -> dict[tuple, dict]:
@@ -475,8 +464,6 @@ def main(argv: list[str] | None = None) -> dict:
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     output = args.output or work / "samples.jsonl"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.unlink(missing_ok=True)
     budget = None if args.budget_s is None else args.budget_s - (time.monotonic() - run_started)
     run = Run(output, budget)
     if args.smoke:

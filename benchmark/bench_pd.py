@@ -2,6 +2,7 @@
 request, and TTFT through the router, at q = rate against q = 0, side by side in one run.
 
     python benchmark/bench_pd.py [--model-path M] [--rate 0.75] [--rounds 8] [--frames 64] [--output R.json]
+    python benchmark/bench_pd.py --report R.jsonl [--output R.json]    # the result again, from the samples
 
 A PD pair on the CPU route (`testing.server.pd_launches`: Mooncake over TCP) behind sglang-router in PD mode
 (`testing.router.running_pd_router`), both servers with the plugin and the radix cache off (every
@@ -26,6 +27,10 @@ q / 0 against the kept fraction of the prompt (prompt tokens q / 0; a page holds
 and whether the pages sent are the pages the prompt fills; the TTFT ratio
 q / 0 (geometric mean over rounds with a 95 % interval). The two servers and the router share the
 machine's cores.
+
+The run's setup, then each request's sample as it is measured, go to a JSONL beside `--output` (`R.json` ->
+`R.jsonl`; without it `WORKDIR/samples.jsonl`), so a run cut short keeps what it measured; the result is computed
+from that file alone (`--report`), from the rounds measured at both rates.
 """
 
 import argparse
@@ -38,6 +43,7 @@ import requests
 
 from sglang_evs.bench.measure import USAGE_FIELDS, stage_times, streamed_chat, trace_size
 from sglang_evs.bench.ratios import round_ratio
+from sglang_evs.bench.samples import SampleLog, read_records, samples_path
 
 KINDS = ("kv", "state", "metadata", "other")  # transfer_trace's kinds
 STAGES = ("processing_ms", "encoder_ms", "language_model_ms")  # the prefill server's, from its trace
@@ -129,6 +135,17 @@ def model_and_env(model_path: str | None, workdir: Path) -> tuple[str, dict[str,
     return model, ({"SGLANG_MAMBA_CONV_DTYPE": "float32"} if is_hybrid(model) else {})
 
 
+def result_of(records: list[dict]) -> dict:
+    """A run's JSONL (its setup, then its samples) -> its result: the setup, the samples and their summary, over
+    the rounds measured at both rates (a run cut short may stop inside a round)."""
+    setup, *samples = records
+    rates = (0.0, setup["rate"])
+    both = set.intersection(*({s["round"] for s in samples if s["rate"] == q} for q in rates))
+    samples = [s for s in samples if s["round"] in both]
+    return {**setup, "samples": samples,
+            **summarize(samples, setup["rate"], setup["page_size"], setup["config_token_bytes"])}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None)
@@ -138,7 +155,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--server-args", default="", help="more flags for both servers, in one string")
     parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/pd"))
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--report", type=Path, default=None, help="only the result of this JSONL's samples")
     args = parser.parse_args(argv)
+    if args.report:
+        return finish(result_of(read_records([args.report])), args.output)
     args.workdir = args.workdir.absolute()  # the clips go out as file:// URLs
 
     from sglang_evs import trace
@@ -156,23 +176,29 @@ def main(argv: list[str] | None = None) -> dict:
     pd = pd_launches(model, args.workdir, server_args, {**env, trace.ENV: str(trace_path), trace.TRANSFERS_ENV: "1"})
     pd = pd._replace(decode=pd_decode_launch(model, args.workdir / "decode.log", server_args, env))  # untraced
 
-    samples: list[dict] = []
+    path = samples_path(args.output, args.workdir)
     with ExitStack() as stack:
+        log = stack.enter_context(SampleLog(path, 2 * args.rounds, "PD requests", "request"))
         prefill, decode = stack.enter_context(running_servers(pd.prefill, pd.decode))
         router = stack.enter_context(running_pd_router(prefill, decode, pd.bootstrap_port, args.workdir / "router.log"))
         page_size = int(requests.get(f"{prefill.base_url}/get_server_info", timeout=30).json()["page_size"])
+        log.write({"model": model, "frames": args.frames, "server_args": server_args, "rate": args.rate,
+                   "page_size": page_size, "config_token_bytes": config_page_bytes(model)})  # fmt: skip
         for rate in (0.0, args.rate):  # warm-up on a clip of its own, not measured
             measure(router.base_url, trace_path, clips[-1], rate)
         for i in range(args.rounds):
             for rate in (0.0, args.rate) if i % 2 == 0 else (args.rate, 0.0):
-                samples.append({"round": i, "rate": rate,
-                                **measure(router.base_url, trace_path, clips[i], rate)})  # fmt: skip
+                log.sample({"round": i, "rate": rate, **measure(router.base_url, trace_path, clips[i], rate)})
+    result = finish(result_of(read_records([path])), args.output)
+    print(f"samples: {path}")
+    return result
 
-    result = {"model": model, "frames": args.frames, "server_args": server_args, "samples": samples,
-              **summarize(samples, args.rate, page_size, config_page_bytes(model))}  # fmt: skip
+
+def finish(result: dict, output: Path | None) -> dict:
+    """Prints the result's report and writes it to `output` (JSON), where given."""
     report(result)
-    if args.output:
-        args.output.write_text(json.dumps(result, indent=2) + "\n")
+    if output:
+        output.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -2,12 +2,15 @@
 
     python benchmark/bench_prefill_graph.py [--model-path M] [--backend breakable|full] [--pairs 30]
         [--output result.json]
+    python benchmark/bench_prefill_graph.py --report result.jsonl [--output result.json]   # again, from the samples
 
 Two servers run at once on one GPU (each with part of its memory): one with
 `--cuda-graph-backend-prefill BACKEND`, one with `disabled`. Each pair sends the same short
 request (one image, or one image and a short video at q = .75) to both, streamed, in
 alternating order, and takes the time to the first streamed chunk. It reports the per-pair
-eager/graph TTFT ratio: geometric mean and its 95 % interval.
+eager/graph TTFT ratio: geometric mean and its 95 % interval. The run's setup, then each pair as it is measured,
+go to a JSONL beside `--output` (`result.json` -> `result.jsonl`; without it `WORKDIR/samples.jsonl`), so a run
+cut short keeps what it measured; the result is computed from that file alone (`--report`).
 
 Both servers run with the radix cache off, so every timed request prefills its whole prompt (with
 the cache on, a repeated request extends one token and no graph replays). The graph server traces
@@ -27,6 +30,9 @@ from pathlib import Path
 import requests
 
 from sglang_evs.bench.ratios import geometric_interval
+from sglang_evs.bench.samples import SampleLog, read_records, samples_path
+
+SIDES = ("graph", "eager")
 
 
 def streamed_ttft_ms(base_url: str, body: dict) -> float:
@@ -79,6 +85,52 @@ def timed_on_graph(base_url: str, body: dict, trace_path: Path) -> float:
     return ttft
 
 
+def measure_pairs(
+    servers: dict[str, str], bodies: dict[str, dict], pairs: int, trace_path: Path, log: SampleLog
+) -> None:
+    """Per request body a warm-up on each server, then `pairs` pairs in alternating order, each a sample of `log`."""
+    for case, body in bodies.items():
+        for url in servers.values():  # warm-up: first request of a shape, not measured
+            streamed_ttft_ms(url, body)
+        for i in range(pairs):
+            order = SIDES if i % 2 == 0 else SIDES[::-1]
+            times = {
+                side: timed_on_graph(servers[side], body, trace_path)
+                if side == "graph"
+                else streamed_ttft_ms(servers[side], body)
+                for side in order
+            }
+            log.sample({"case": case, "pair": i, **times})
+
+
+def result_of(records: list[dict]) -> dict:
+    """A run's JSONL (its setup, then its pairs) -> its result: per request body the eager/graph TTFT ratio."""
+    setup, *samples = records
+    cases: dict[str, list[dict]] = {}
+    for s in samples:
+        cases.setdefault(s["case"], []).append({side: s[side] for side in SIDES})
+    return {**setup, "cases": {case: case_summary(pairs) for case, pairs in cases.items()}}
+
+
+def case_summary(pairs: list[dict]) -> dict:
+    return {
+        "eager_over_graph_ttft": geometric_interval([p["eager"] / p["graph"] for p in pairs]),
+        "median_ttft_ms": {side: statistics.median(p[side] for p in pairs) for side in SIDES},
+        "pairs": pairs,
+    }
+
+
+def finish(result: dict, output: Path | None) -> dict:
+    """Prints each request body's ratio and writes the result to `output` (JSON), where given."""
+    from sglang_evs.bench.report import interval_text
+
+    for name, case in result["cases"].items():
+        print(f"{name}: eager/graph TTFT {interval_text(case['eager_over_graph_ttft'])}")
+    if output:
+        output.write_text(json.dumps(result, indent=2))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None)
@@ -86,7 +138,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pairs", type=int, default=30)
     parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/prefill_graph"))
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--report", type=Path, default=None, help="only the result of this JSONL's samples")
     args = parser.parse_args(argv)
+    if args.report:
+        return finish(result_of(read_records([args.report])), args.output)
 
     import torch
 
@@ -104,40 +159,20 @@ def main(argv: list[str] | None = None) -> dict:
     media.write_clip(media_dir / "moving.mp4", "moving", num_frames=8, fps=4)
     bodies = request_bodies(media_dir)
 
-    result: dict = {"backend": args.backend, "model": model, "cases": {}}
     trace_path = args.workdir / "graph-trace.jsonl"
     trace_path.unlink(missing_ok=True)
+    path = samples_path(args.output, args.workdir)
     with (
+        SampleLog(path, len(bodies) * args.pairs, "pairs", "pair") as log,
         serving(
             model, args.workdir / "graph.log", server_args(args.backend), env={"SGLANG_EVS_TRACE": str(trace_path)}
         ) as graph,
         serving(model, args.workdir / "eager.log", server_args("disabled")) as eager,
     ):
-        servers = {"graph": graph.base_url, "eager": eager.base_url}
-        for name, body in bodies.items():
-            for url in servers.values():  # warm-up: first request of a shape, not measured
-                streamed_ttft_ms(url, body)
-            pairs = []
-            for i in range(args.pairs):
-                order = ("graph", "eager") if i % 2 == 0 else ("eager", "graph")
-                times = {
-                    side: timed_on_graph(servers[side], body, trace_path)
-                    if side == "graph"
-                    else streamed_ttft_ms(servers[side], body)
-                    for side in order
-                }
-                pairs.append(times)
-            ratios = [p["eager"] / p["graph"] for p in pairs]
-            result["cases"][name] = {
-                "eager_over_graph_ttft": geometric_interval(ratios),
-                "median_ttft_ms": {s: statistics.median(p[s] for p in pairs) for s in servers},
-                "pairs": pairs,
-            }
-            summary = result["cases"][name]["eager_over_graph_ttft"]
-            print(f"{name}: eager/graph TTFT {summary['geometric_mean']:.2f}x "
-                  f"(95 % interval {summary['low']:.2f}-{summary['high']:.2f}, {len(pairs)} pairs)")  # fmt: skip
-    if args.output:
-        args.output.write_text(json.dumps(result, indent=2))
+        log.write({"backend": args.backend, "model": model})
+        measure_pairs({"graph": graph.base_url, "eager": eager.base_url}, bodies, args.pairs, trace_path, log)
+    result = finish(result_of(read_records([path])), args.output)
+    print(f"samples: {path}")
     return result
 
 

@@ -4,6 +4,7 @@ own latency, and a worker killed with requests in flight.
     python benchmark/bench_router.py throughput [--cores own|shared] [--requests 64] [--rounds 8] [--pairs 100]
         [--output R.json]
     python benchmark/bench_router.py faults [--requests 32] [--output R.json]
+    python benchmark/bench_router.py --report R.jsonl [--output R.json]    # the result again, from the samples
 
 Workers are the bundled tiny Qwen3-VL (float32) with a default EVS rate of q = .5, started by the CPU
 harness.
@@ -32,6 +33,11 @@ the router, the killed worker restarted on its port, the time until the router l
 rounds of 8 prompts new to both caches until the restarted worker has served one (the router's circuit
 breaker, opened by the killed worker's failed requests, keeps traffic from it until its timeout), and
 then `--burst` prompts at once and how the two workers shared them.
+
+The run's setup, then each sample as it is measured (throughput: a round, a latency pair; faults: each phase as it
+ends, from the kill to the burst), go to a JSONL beside `--output` (`R.json` -> `R.jsonl`; without it
+`WORKDIR/MODE/samples.jsonl`), so a run cut short keeps what it measured; the result is computed from that file
+alone (`--report`): throughput's from the rounds measured on both targets.
 """
 
 import argparse
@@ -49,6 +55,7 @@ from pathlib import Path
 import requests
 
 from sglang_evs.bench.ratios import median_interval, round_ratio
+from sglang_evs.bench.samples import SampleLog, read_records, samples_path
 from sglang_evs.runtime.rank_binding import core_groups
 from sglang_evs.testing.requests import metric_total, served_requests
 from sglang_evs.testing.router import worker_args
@@ -66,6 +73,8 @@ HEALTH_ARGS = [
     "1",
 ]
 WORKER_ARGS = worker_args(SERVER_RATE)
+TARGETS = ("one_worker", "router_two_workers")
+FAULT_PHASES = ("kill", "unlisted", "rejoined", "serves", "burst")  # the faults run's samples, one each
 
 
 def outcome(result: object, hang_after_s: float) -> str:
@@ -149,16 +158,18 @@ def one_text_latency(base_url: str) -> float:
     return time.perf_counter() - start
 
 
-def throughput(args, folder: Path) -> dict:
+def throughput(args, folder: Path, log: SampleLog) -> None:
     from sglang_evs.testing import workload
     from sglang_evs.testing.requests import flush_cache
     from sglang_evs.testing.router import running_router
     from sglang_evs.testing.server import running_server
 
     request_set = workload.mixed_requests(workload.write_media(folder / "media"), args.requests)
-    rounds: dict[str, list[float]] = {"one_worker": [], "router_two_workers": []}
-    split: list[list[float]] = []  # requests each worker served, per router round
     cores = worker_cores(args.cores, 2)
+    log.write({"mode": "throughput", "cores": args.cores, "worker_cores": cores, "requests": args.requests,
+               "request_kinds": sorted({r.kind for r in request_set}), "max_new_tokens": args.max_new_tokens,
+               "policy": args.policy, "router_args": args.router_args,
+               "cpu_cores": len(os.sched_getaffinity(0))})  # fmt: skip
     with ExitStack() as stack:
         workers = [
             stack.enter_context(running_server(model_dir(), folder / f"worker{i}.log", WORKER_ARGS, cores=cores[i]))
@@ -168,48 +179,53 @@ def throughput(args, folder: Path) -> dict:
         router = stack.enter_context(running_router(urls, folder / "router.log", args.policy, args.router_args))
         timed_round(router.base_url, request_set[:8], args.max_new_tokens)  # warm both paths once
         timed_round(workers[0].base_url, request_set[:8], args.max_new_tokens)
+        target_url = {"one_worker": workers[0].base_url, "router_two_workers": router.base_url}
         for round_index in range(args.rounds):
-            order = ["one_worker", "router_two_workers"][:: 1 if round_index % 2 == 0 else -1]
-            for target in order:
+            for target in TARGETS[:: 1 if round_index % 2 == 0 else -1]:
                 for worker in workers:
                     flush_cache(worker.base_url)
-                url = workers[0].base_url if target == "one_worker" else router.base_url
                 served_before = [served_requests(w.base_url) for w in workers]
-                wall, results = timed_round(url, request_set, args.max_new_tokens)
+                wall, results = timed_round(target_url[target], request_set, args.max_new_tokens)
                 failed = [r for r in results if isinstance(r, Exception)]
                 if failed:
                     raise RuntimeError(f"{len(failed)} requests failed: {failed[0]}")
-                rounds[target].append(len(request_set) / wall)
-                if target == "router_two_workers":
-                    split.append([served_requests(w.base_url) - b for w, b in zip(workers, served_before, strict=True)])
-        direct, routed = [], []
+                split = [served_requests(w.base_url) - b for w, b in zip(workers, served_before, strict=True)]
+                log.sample({"round": round_index, "target": target, "req_per_s": len(request_set) / wall,
+                            "requests_per_worker": split if target == "router_two_workers" else None})  # fmt: skip
+        latency_url = {"direct_s": workers[0].base_url, "routed_s": router.base_url}
         for pair in range(args.pairs):
-            first, second = (direct, routed) if pair % 2 == 0 else (routed, direct)
-            for series in (first, second):
-                series.append(one_text_latency(workers[0].base_url if series is direct else router.base_url))
-    one, two = statistics.median(rounds["one_worker"]), statistics.median(rounds["router_two_workers"])
-    return {
-        "cores": args.cores,
-        "worker_cores": cores,
-        "requests": args.requests,
-        "request_kinds": sorted({r.kind for r in request_set}),
-        "max_new_tokens": args.max_new_tokens,
-        "req_per_s": rounds,
-        "median_req_per_s": {"one_worker": one, "router_two_workers": two},
-        "router_two_over_one": round_ratio(rounds["one_worker"], rounds["router_two_workers"]),
-        "policy": args.policy,
-        "router_args": args.router_args,
-        "router_round_requests_per_worker": split,
-        "router_added_latency_ms": {
+            order = list(latency_url)[:: 1 if pair % 2 == 0 else -1]
+            log.sample({"pair": pair, **{key: one_text_latency(latency_url[key]) for key in order}})
+
+
+def throughput_result(setup: dict, samples: list[dict]) -> dict:
+    """Throughput's setup and samples -> req/s per target and their ratio per round, over the rounds measured on
+    both, and the router's added latency (None before its first pair)."""
+    rounds = [s for s in samples if "round" in s]
+    both = set.intersection(*({s["round"] for s in rounds if s["target"] == t} for t in TARGETS))
+    rounds = [s for s in rounds if s["round"] in both]
+    req_per_s = {t: [s["req_per_s"] for s in rounds if s["target"] == t] for t in TARGETS}
+    direct, routed = ([s[key] for s in samples if "pair" in s] for key in ("direct_s", "routed_s"))
+    latency = None
+    if direct:
+        latency = {
             **added_latency_ms(direct, routed),
             "direct_median_ms": statistics.median(direct) * 1000,
             "routed_median_ms": statistics.median(routed) * 1000,
-        },
-        "cpu_cores": len(os.sched_getaffinity(0)),
+        }
+    return {
+        **setup,
+        "req_per_s": req_per_s,
+        "median_req_per_s": {t: statistics.median(req_per_s[t]) for t in TARGETS},
+        "router_two_over_one": round_ratio(req_per_s["one_worker"], req_per_s["router_two_workers"]),
+        "router_round_requests_per_worker": [
+            s["requests_per_worker"] for s in rounds if s["target"] == "router_two_workers"
+        ],
+        "router_added_latency_ms": latency,
     }
 
 
-def faults(args, folder: Path) -> dict:
+def faults(args, folder: Path, log: SampleLog) -> None:
     from sglang_evs.testing import workload
     from sglang_evs.testing.router import healthy_workers, running_router
     from sglang_evs.testing.server import running_server, start_server, stop, wait_healthy
@@ -219,6 +235,8 @@ def faults(args, folder: Path) -> dict:
     model = model_dir()
     breaker = [] if args.cb_timeout_s is None else ["--cb-timeout-duration-secs", str(args.cb_timeout_s)]
     router_args = [*HEALTH_ARGS, *breaker, *args.router_args]
+    log.write({"mode": "faults", "requests": len(request_set), "max_new_tokens": args.max_new_tokens,
+               "policy": args.policy, "router_args": router_args, "hang_after_s": args.hang_after_s})  # fmt: skip
     with ExitStack() as stack:
         workers = [stack.enter_context(running_server(model, folder / f"worker{i}.log", WORKER_ARGS)) for i in range(2)]
         router = stack.enter_context(
@@ -249,13 +267,19 @@ def faults(args, folder: Path) -> dict:
                     results.append(future.result(timeout=max(0.0, killed_at + args.hang_after_s - time.monotonic())))
                 except TimeoutError:
                     results.append(requests.Timeout("no answer"))
-            last_answer_after_kill_s = time.monotonic() - killed_at
+            log.sample({"phase": "kill", "running_or_queued_per_worker_at_kill": loads, "killed_worker": victim,
+                        "unfinished_at_kill": len(in_flight), "last_answer_after_kill_s": time.monotonic() - killed_at,
+                        "accepted": count_outcomes(results, args.hang_after_s),
+                        "errors": error_kinds(results)})  # fmt: skip
         workers[victim].process.wait()
         while workers[victim].base_url in healthy_workers(router.base_url) and time.monotonic() - killed_at < 120:
             time.sleep(0.2)
         unlisted_after_kill_s = time.monotonic() - killed_at
         after_kill = workload.send_concurrently(router.base_url, workload.mixed_requests(files, 16, (None,)), 8)
-        listed_after_kill = healthy_workers(router.base_url)
+        log.sample({"phase": "unlisted", "router_unlists_killed_worker_after_s": unlisted_after_kill_s,
+                    "router_lists_healthy_after_kill": len(healthy_workers(router.base_url)),
+                    "new_requests_after_kill": count_outcomes(after_kill, args.hang_after_s),
+                    "new_request_errors": error_kinds(after_kill)})  # fmt: skip
         # restart on the same port; the router's health checker takes it back
         port = int(workers[victim].base_url.rsplit(":", 1)[1])
         restarted = start_server(model, folder / f"worker{victim}-restarted.log", WORKER_ARGS, port=port)
@@ -266,6 +290,8 @@ def faults(args, folder: Path) -> dict:
         while len(healthy_workers(router.base_url)) < 2 and time.monotonic() - healthy_at < 120:
             time.sleep(0.2)
         rejoined_at = time.monotonic()
+        log.sample({"phase": "rejoined", "restart_to_worker_healthy_s": healthy_at - restart_at,
+                    "worker_healthy_to_router_lists_it_s": rejoined_at - healthy_at})  # fmt: skip
         # The router's circuit breaker for the killed worker opened on its failed requests; until it lets
         # traffic through again (--cb-timeout-duration-secs, 60 s by default) the relisted worker gets none.
         # Rounds of 8 prompts new to both caches, every 2 s, until the restarted worker has served one.
@@ -279,41 +305,40 @@ def faults(args, folder: Path) -> dict:
             if not restarted_served:
                 time.sleep(2)
         first_served_at = time.monotonic()
+        log.sample({"phase": "serves", "probe_rounds_after_rejoin": rounds,
+                    "probe_requests_after_rejoin": count_outcomes(probes, args.hang_after_s),
+                    "restarted_worker_served": restarted_served,
+                    "router_lists_it_to_restarted_worker_serves_s": first_served_at - rejoined_at,
+                    "kill_to_restarted_worker_serves_s": first_served_at - killed_at})  # fmt: skip
         served_before_burst = [served_requests(w.base_url) for w in workers]
         burst = [f"{i} {'burst ' * (i % 7 + 20)}" for i in range(args.burst)]
         burst_results = workload.send_concurrently(router.base_url, burst, args.max_new_tokens, sender=send_text)
-        served_after_burst = [served_requests(w.base_url) for w in workers]
-    return {
-        "requests": len(request_set),
-        "max_new_tokens": args.max_new_tokens,
-        "policy": args.policy,
-        "running_or_queued_per_worker_at_kill": loads,
-        "killed_worker": victim,
-        "unfinished_at_kill": len(in_flight),
-        "last_answer_after_kill_s": last_answer_after_kill_s,
-        "router_args": router_args,
-        "router_unlists_killed_worker_after_s": unlisted_after_kill_s,
-        "router_lists_healthy_after_kill": len(listed_after_kill),
-        "accepted": count_outcomes(results, args.hang_after_s),
-        "errors": error_kinds(results),
-        "hang_after_s": args.hang_after_s,
-        "new_requests_after_kill": count_outcomes(after_kill, args.hang_after_s),
-        "new_request_errors": error_kinds(after_kill),
-        "restart_to_worker_healthy_s": healthy_at - restart_at,
-        "worker_healthy_to_router_lists_it_s": rejoined_at - healthy_at,
-        "probe_rounds_after_rejoin": rounds,
-        "probe_requests_after_rejoin": count_outcomes(probes, args.hang_after_s),
-        "restarted_worker_served": restarted_served,
-        "router_lists_it_to_restarted_worker_serves_s": first_served_at - rejoined_at,
-        "kill_to_restarted_worker_serves_s": first_served_at - killed_at,
-        "burst_after_it_serves": count_outcomes(burst_results, args.hang_after_s),
-        "burst_served_per_worker": [a - b for a, b in zip(served_after_burst, served_before_burst, strict=True)],
-    }
+        served = [served_requests(w.base_url) - b for w, b in zip(workers, served_before_burst, strict=True)]
+        log.sample({"phase": "burst", "burst_after_it_serves": count_outcomes(burst_results, args.hang_after_s),
+                    "burst_served_per_worker": served})  # fmt: skip
+
+
+def result_of(records: list[dict]) -> dict:
+    """A run's JSONL (its setup, then its samples) -> its result: throughput's summary, or the fault run's phases
+    merged (those it reached)."""
+    setup, *samples = records
+    if setup["mode"] == "throughput":
+        return throughput_result(setup, samples)
+    return {key: value for record in records for key, value in record.items() if key != "phase"}
+
+
+def finish(result: dict, output: Path | None) -> dict:
+    """Prints the result and writes it to `output` (JSON), where given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if output:
+        output.write_text(text + "\n")
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("throughput", "faults"))
+    parser.add_argument("mode", nargs="?", choices=("throughput", "faults"))
     parser.add_argument("--requests", type=int, default=None, help="64 (throughput) or 32 (faults)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="16 (throughput) or 128 (faults)")
     parser.add_argument("--cores", choices=("own", "shared"), default="own", help="throughput: worker core layout")
@@ -327,16 +352,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cb-timeout-s", type=int, help="faults: the router's --cb-timeout-duration-secs (60)")
     parser.add_argument("--workdir", type=Path, default=REPO / ".cache" / "bench_router")
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--report", type=Path, default=None, help="only the result of this JSONL's samples")
     args = parser.parse_args(argv)
+    if args.report:
+        return finish(result_of(read_records([args.report])), args.output)
+    if args.mode is None:
+        parser.error("a mode (throughput or faults), or --report")
     args.requests = args.requests or (64 if args.mode == "throughput" else 32)
     args.max_new_tokens = args.max_new_tokens or (16 if args.mode == "throughput" else 128)
     folder = args.workdir / args.mode
     folder.mkdir(parents=True, exist_ok=True)
-    result = {"mode": args.mode, **(throughput(args, folder) if args.mode == "throughput" else faults(args, folder))}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        args.output.write_text(text + "\n")
+    path = samples_path(args.output, folder)
+    if args.mode == "throughput":
+        with SampleLog(path, 2 * args.rounds + args.pairs, "rounds and pairs") as log:
+            throughput(args, folder, log)
+    else:
+        with SampleLog(path, len(FAULT_PHASES), "phases", "phase") as log:
+            faults(args, folder, log)
+    result = finish(result_of(read_records([path])), args.output)
+    print(f"samples: {path}")
     return result
 
 

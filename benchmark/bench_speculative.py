@@ -2,6 +2,7 @@
 
     python benchmark/bench_speculative.py [--model-path M] [--rate 0.75] [--rounds 12] [--tokens 32]
         [--device cuda] [--output result.json]
+    python benchmark/bench_speculative.py --report result.jsonl [--output result.json]   # again, from the samples
 
 Two servers on the same checkpoint run at once: one speculating with its MTP head
 (`--speculative-algorithm NEXTN`, chain of 2 steps, 3 verify tokens), one not. Each round sends the same
@@ -15,7 +16,10 @@ video request four ways, in an order that rotates from round to round:
 streamed /generate, `max_new_tokens` fixed (`ignore_eos`), radix cache off (every request prefills its
 whole prompt). TTFT: until the first streamed chunk. Time per output token: the rest of the stream over
 the tokens after the first. It reports each configuration's medians and, per round, each one's ratio to
-`neither`: geometric mean and 95 % interval.
+`neither`: geometric mean and 95 % interval. The run's setup, then each request's sample as it is measured, go
+to a JSONL beside `--output` (`result.json` -> `result.jsonl`; without it `WORKDIR/samples.jsonl`), so a run cut
+short keeps what it measured; the result is computed from that file alone (`--report`), from the rounds that
+measured all four.
 
 Without --model-path it serves the tiny Qwen3.5 with an MTP head built offline (the head agrees with the
 target, so drafts are accepted). On a GPU (found by itself) give --model-path a released Qwen3.5 / 3.6;
@@ -31,6 +35,7 @@ from pathlib import Path
 import requests
 
 from sglang_evs.bench.ratios import round_ratio
+from sglang_evs.bench.samples import SampleLog, read_records, samples_path
 
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "3"]  # fmt: skip
@@ -68,18 +73,30 @@ def body(clip: Path, rate: float, tokens: int) -> dict:
             "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}  # fmt: skip
 
 
-def measure(servers: dict[bool, str], clip: Path, rate: float, rounds: int, tokens: int) -> dict[str, list[dict]]:
+def measure(
+    servers: dict[bool, str], clip: Path, rate: float, rounds: int, tokens: int, log: SampleLog | None = None
+) -> dict[str, list[dict]]:
     """`servers`: speculating? -> base URL. One warm-up request per configuration, then `rounds` rounds of
-    all four, their order rotating. Returns each configuration's `timed` samples."""
+    all four, their order rotating. Returns each configuration's `timed` samples (each also a sample of `log`)."""
     names = list(CONFIGS)
-    samples: dict[str, list[dict]] = {name: [] for name in names}
+    samples = []
     for round_index in range(-1, rounds):  # round -1: the warm-up, not kept
         for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
             speculating, configured = CONFIGS[name]
             sample = timed(servers[speculating], body(clip, rate if configured is None else configured, tokens))
             if round_index >= 0:
-                samples[name].append(sample)
-    return samples
+                samples.append({"round": round_index, "config": name, **sample})
+                if log is not None:
+                    log.sample(samples[-1])
+    return by_config(samples)
+
+
+def by_config(samples: list[dict]) -> dict[str, list[dict]]:
+    """Samples -> each configuration's, in round order, of the rounds that measured all four (a run cut short may
+    stop inside a round)."""
+    complete = set.intersection(*({s["round"] for s in samples if s["config"] == name} for name in CONFIGS))
+    ordered = sorted((s for s in samples if s["round"] in complete), key=lambda s: s["round"])
+    return {name: [s for s in ordered if s["config"] == name] for name in CONFIGS}
 
 
 def summarize(samples: dict[str, list[dict]]) -> dict:
@@ -114,6 +131,13 @@ def print_table(configs: dict) -> None:
         print(f"{name:15s} {row['prompt_tokens']:6d} {accept:>6s} {cells[0]} {cells[1]}")
 
 
+def result_of(records: list[dict]) -> dict:
+    """A run's JSONL (its setup, then its samples) -> its result."""
+    setup, *samples = records
+    configs = by_config(samples)
+    return {**setup, "rounds": len(configs["neither"]), "configs": summarize(configs)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", default=None)
@@ -123,7 +147,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default=None, help="cuda where a GPU is visible, else cpu")
     parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/speculative"))
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--report", type=Path, default=None, help="only the result of this JSONL's samples")
     args = parser.parse_args(argv)
+    if args.report:
+        return finish(result_of(read_records([args.report])), args.output)
 
     import torch
 
@@ -143,19 +170,25 @@ def main(argv: list[str] | None = None) -> dict:
     common = ["--disable-radix-cache", *([] if args.device == "cpu" else ["--device", args.device])]
     env = {"SGLANG_MAMBA_CONV_DTYPE": "float32"} if args.device == "cpu" else None
 
+    path = samples_path(args.output, args.workdir)
     with (
+        SampleLog(path, len(CONFIGS) * args.rounds, "requests", "request") as log,
         serving(model, args.workdir / "speculating.log", [*common, *NEXTN], env) as speculating,
         serving(model, args.workdir / "plain.log", common, env) as plain,
     ):
-        samples = measure(
-            {True: speculating.base_url, False: plain.base_url}, clip, args.rate, args.rounds, args.tokens
-        )
-    result = {"model": str(model), "rate": args.rate, "rounds": args.rounds, "tokens": args.tokens,
-              "configs": summarize(samples)}  # fmt: skip
-    print(f"{args.rounds} rounds, {args.tokens} output tokens, q = {args.rate}, {model}")
+        log.write({"model": str(model), "rate": args.rate, "tokens": args.tokens})
+        measure({True: speculating.base_url, False: plain.base_url}, clip, args.rate, args.rounds, args.tokens, log)
+    result = finish(result_of(read_records([path])), args.output)
+    print(f"samples: {path}")
+    return result
+
+
+def finish(result: dict, output: Path | None) -> dict:
+    """Prints the result's table and writes it to `output` (JSON), where given."""
+    print(f"{result['rounds']} rounds, {result['tokens']} output tokens, q = {result['rate']}, {result['model']}")
     print_table(result["configs"])
-    if args.output:
-        args.output.write_text(json.dumps(result, indent=2))
+    if output:
+        output.write_text(json.dumps(result, indent=2))
     return result
 
 
