@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 VENV=${SGLANG_EVS_VENV:-.venv}
 STAMP="$VENV/.sglang-evs-installed"
-want=$(cat scripts/requirements-cpu.txt scripts/requirements-torchcodec.txt scripts/constraints-cpu.txt pyproject.toml setup.py \
+want=$(cat scripts/requirements-cpu.txt scripts/requirements-torchcodec.txt scripts/requirements-lmms-eval.txt \
+  scripts/constraints-cpu.txt pyproject.toml setup.py \
   scripts/cpu_route/setup.py | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
@@ -55,5 +56,7 @@ if ! "$ldconfig_cmd" -p 2>/dev/null | grep 'libavcodec\.so\.59 ' >/dev/null; the
   fi
 fi
 pip_install --no-deps --target "$VENV/torchcodec" -r scripts/requirements-torchcodec.txt
+echo "      lmms-eval, for the accuracy recipe's test, apart in $VENV/lmms_eval_pkgs"
+pip_install --no-deps --target "$VENV/lmms_eval_pkgs" -r scripts/requirements-lmms-eval.txt
 echo "$want" > "$STAMP"
 echo "environment ready: $VENV"

@@ -555,8 +555,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             check_backend(known.model, known.model_args, known.force_simple)
         except FramesAsImagesError as error:
             sys.exit(f"refused: {error}")
-    register()
-    from lmms_eval.cli.dispatch import main as lmms_eval_main
+    try:
+        register()
+        from lmms_eval.cli.dispatch import main as lmms_eval_main
+    except ImportError as error:
+        sys.exit(f"lmms-eval does not import ({error}): pip install lmms-eval (docs/accuracy.md)")
 
     sys.argv = [sys.argv[0], *argv]
     lmms_eval_main()
