@@ -16,7 +16,7 @@ ALLOWED = {
     "pruning": {"methods", "multimodal"},
     "models": {"methods", "multimodal", "pruning"},
     "testing": {"methods", "runtime"},
-    "bench": {"methods", "models", "testing", "runtime"},
+    "bench": {"methods", "models", "pruning", "testing", "runtime"},
 }
 
 
