@@ -59,11 +59,13 @@ def test_the_runner_runs_sglangs_own_run_and_patches_no_sglang_class(fixture_dir
     def run_eval_once(args, base_url, evaluation):  # what SGLang's does, less the server: a reply per sample
         ran.append((args.eval_name, base_url, type(evaluation).__name__))
         convos = [[{"role": "assistant", "content": f"answer to {s['id']}"}] for s in evaluation.samples]
-        return SimpleNamespace(convos=convos, metrics={"Math": {"num": len(convos), "acc": 0.5}}, score=0.5), 1.5, None
+        result = SimpleNamespace(convos=convos, metrics={"Math": {"num": len(convos), "acc": 0.5}}, score=0.5)
+        return result, 1.5, SimpleNamespace(_completion_tokens=[2, 4])
 
     monkeypatch.setattr(run_eval, "run_eval_once", run_eval_once)
     result = mmmu.run_mmmu(fixture_dir, "http://server", limit=3)
-    assert ran == [("mmmu", "http://server", "MMMUVLMEval")]
+    assert ran == [("mmmu", "http://server/v1", "MMMUVLMEval")]  # the OpenAI API's root, as run_eval gives it
     assert len(result["replies"]) == 3 and all(reply == f"answer to {key}" for key, reply in result["replies"].items())
     assert result["accuracy"] == 0.5 and result["metrics"]["latency"] == 1.5
+    assert result["metrics"]["output_throughput"] == 4.0  # 6 completion tokens in 1.5 s, as run_eval reports it
     assert dict(vars(simple_eval_mmmu_vlm.MMMUVLMEval)) == before

@@ -22,6 +22,7 @@ Subjects without data are skipped, as SGLang's loader skips subjects it cannot l
 import argparse
 import io
 import json
+import os
 from argparse import Namespace
 from pathlib import Path
 
@@ -115,11 +116,15 @@ def run_mmmu(
     # `run_eval`'s own steps for one MMMU run (its eval object, its sampler, its metrics), through its public
     # `run_eval_once`, which returns the eval's result: the conversations, one per sample in sample order
     evaluation = mmmu_eval.MMMUVLMEval(limit, num_threads)
-    result, latency, _ = run_eval_once(args, base_url, evaluation)
+    os.environ.setdefault("OPENAI_API_KEY", "EMPTY")  # as run_eval sets it: SGLang's server takes any key
+    result, latency, sampler = run_eval_once(args, f"{base_url}/v1", evaluation)
     replies = {
         sample["id"]: convo[-1]["content"] for sample, convo in zip(evaluation.samples, result.convos, strict=True)
     }
     metrics = result.metrics | {"score": result.score, "latency": latency}
+    completion_tokens = sum(getattr(sampler, "_completion_tokens", ()))  # what run_eval sums for its throughput
+    if completion_tokens and latency > 0:
+        metrics["output_throughput"] = completion_tokens / latency
     subjects = {s for subs in mmmu_eval.MMMUVLMEval.DOMAIN_CAT2SUB_CAT.values() for s in subs}
     per_subject = {k: v for k, v in metrics.items() if k in subjects}
     return {"accuracy": metrics["score"], "per_subject": per_subject, "replies": replies, "metrics": metrics}
