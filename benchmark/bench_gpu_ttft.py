@@ -155,8 +155,10 @@ class Run:
     work starts only where it would end within it, taking as long as the longest of its kind so far (or of any
     kind, for the first of a kind)."""
 
-    def __init__(self, output: Path, budget_s: float | None, clock: Callable[[], float] = time.monotonic):
-        self.log, self.clock, self.started = SampleLog(output), clock, clock()
+    def __init__(self, output: Path, budget_s: float | None, clock: Callable[[], float] = time.monotonic,
+                 total: int | None = None):  # fmt: skip
+        """`total`: the samples the run plans (a progress bar over them; None: no bar)."""
+        self.log, self.clock, self.started = SampleLog(output, total, desc="bench_gpu_ttft"), clock, clock()
         self.deadline = None if budget_s is None else self.started + budget_s
         self.longest: dict[str, float] = {}
         self.id = f"{time.strftime('%Y%m%dT%H%M%S')}-{id(self) % 10000}"
@@ -172,7 +174,8 @@ class Run:
         record = {**fields, **measure()}
         took = self.clock() - start
         self.longest[kind] = max(took, self.longest.get(kind, 0.0))
-        self.write({**record, "took_s": round(took, 3), "at_s": round(self.clock() - self.started, 1)})
+        at_s = round(self.clock() - self.started, 1)
+        self.log.sample({"run": self.id, **record, "took_s": round(took, 3), "at_s": at_s})
         return record
 
 
@@ -465,12 +468,14 @@ def main(argv: list[str] | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     output = args.output or work / "samples.jsonl"
     budget = None if args.budget_s is None else args.budget_s - (time.monotonic() - run_started)
-    run = Run(output, budget)
+    steps, plan = STEPS[args.part], variants(args.server_rate, args.rates, args.method)
+    planned = len(args.seconds) * (1 + args.clips) * len(plan) if "requests" in steps else 0
+    planned += (1 + len(args.concurrency)) * len(deployed(plan)) if "load" in steps else 0
+    run = Run(output, budget, total=planned)
     if args.smoke:
         model = args.model_path or str(tiny_model.build_tiny_qwen3_vl(work / "tiny-qwen3-vl"))
     else:
         model = args.model_path or str(qwen3_vl_8b_shape.build(work / "qwen3-vl-8b-shape"))
-    steps, plan = STEPS[args.part], variants(args.server_rate, args.rates, args.method)
     max_concurrency = max(args.concurrency)
     args_of = {s: server_args(s, args.smoke, max_concurrency, args.server_rate, args.method) for s in SERVERS}
     what = "smoke: tiny Qwen3-VL, float32, CPU graph mode" if args.smoke else "Qwen3-VL-8B-shaped, bfloat16, dummy"
@@ -504,6 +509,7 @@ def main(argv: list[str] | None = None) -> dict:
         except Exception as error:  # a refused request, a server that died: reported with what was measured
             failure, reason = error, f"failed: {type(error).__name__}: {str(error)[:300]}"
     run.write({"step": "end", "reason": reason, "wall_s": round(time.monotonic() - run_started, 1)})
+    run.log.close()
     summary = summarize(read_records([output]))
     print(report(summary))
     print(f"samples: {output}")
