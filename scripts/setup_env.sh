@@ -55,8 +55,8 @@ if ! "$ldconfig_cmd" -p 2>/dev/null | grep 'libavcodec\.so\.59 ' >/dev/null; the
     echo "      WARNING: could not install FFmpeg's libraries; the decoders' comparison skips, naming why" >&2
   fi
 fi
-pip_install --no-deps --target "$VENV/torchcodec" -r scripts/requirements-torchcodec.txt
+pip_install --no-deps --upgrade --target "$VENV/torchcodec" -r scripts/requirements-torchcodec.txt
 echo "      lmms-eval, for the accuracy recipe's test, apart in $VENV/lmms_eval_pkgs"
-pip_install --no-deps --target "$VENV/lmms_eval_pkgs" -r scripts/requirements-lmms-eval.txt
+pip_install --no-deps --upgrade --target "$VENV/lmms_eval_pkgs" -r scripts/requirements-lmms-eval.txt
 echo "$want" > "$STAMP"
 echo "environment ready: $VENV"
