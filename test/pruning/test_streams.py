@@ -39,7 +39,8 @@ def video(grid: tuple[int, int, int], feature: torch.Tensor) -> MultimodalDataIt
 def test_each_continued_segment_carries_the_previous_segments_last_group_of_patches():
     first, second = video((2, 2, 4), torch.arange(16.0).reshape(16, 1)), video((3, 2, 4), torch.zeros(24, 1))
     third = video((1, 2, 4), torch.ones(8, 1))
-    digests = streams.attach_contexts([first, second, third])
+    streams.attach_contexts([first, second, third])
+    digests = [item.model_specific_data.get(STREAM_CONTEXT, {}).get("digest") for item in (first, second, third)]
     assert not continues_stream(first) and continues_stream(second) and continues_stream(third)
     assert second.model_specific_data[STREAM_CONTEXT]["patches"].flatten().tolist() == list(range(8, 16))
     assert third.model_specific_data[STREAM_CONTEXT]["patches"].flatten().tolist() == [0.0] * 8

@@ -41,7 +41,8 @@ STREAMING: ContextVar[bool] = ContextVar("sglang_evs_streaming", default=False)
 
 
 def refuse_unstreamable(model_type: str, request_obj, transport_on_device: bool) -> None:
-    """A `video_stream` request the server cannot serve as one stream: ValueError (HTTP 400) naming why."""
+    """A `video_stream` request the server cannot serve as one stream: ValueError (HTTP 400) naming why. (One without
+    a video is refused where every request passes, `refuse_streams_nothing_serves`.)"""
     if model_type not in TIMESTAMPED_MODEL_TYPES:
         raise ValueError(
             f"{STREAM_SETTING}: served for the models whose timestamps follow their sampled frames "
@@ -51,8 +52,6 @@ def refuse_unstreamable(model_type: str, request_obj, transport_on_device: bool)
         raise ValueError(
             f"{STREAM_SETTING}: a session's turns do not continue a stream yet; send the segments in one request"
         )
-    if not getattr(request_obj, "video_data", None):
-        raise ValueError(f"{STREAM_SETTING}: the request has no video")
     if transport_on_device:
         raise ValueError(
             f"{STREAM_SETTING}: the segments' pixels are held as a device handle here; serve with "
@@ -90,11 +89,10 @@ def continuing_timestamps(video_metadata: list[dict | None]) -> list[dict | None
     return out
 
 
-def attach_contexts(videos: list) -> list[str | None]:
+def attach_contexts(videos: list) -> None:
     """Each segment after the first gets the stream's group before it (the previous segment's last temporal group of
-    patches, `STREAM_CONTEXT`); returns each segment's context digest (None for the first), for its key. ValueError
-    naming a segment whose frame size differs from the stream's."""
-    digests: list[str | None] = [None]
+    patches, `STREAM_CONTEXT`, with their digest for its key). ValueError naming a segment whose frame size differs
+    from the stream's."""
     for index, (previous, video) in enumerate(zip(videos, videos[1:], strict=False), start=1):
         _, height, width = video_grid(video)
         _, before_height, before_width = video_grid(previous)
@@ -108,5 +106,3 @@ def attach_contexts(videos: list) -> list[str | None]:
         patches = previous.feature[-height * width :].detach().to("cpu", copy=True).contiguous()
         digest = hashlib.sha256(patches.view(torch.uint8).numpy().tobytes()).hexdigest()
         video.set(STREAM_CONTEXT, {"patches": patches, "digest": digest})
-        digests.append(digest)
-    return digests

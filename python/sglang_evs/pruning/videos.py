@@ -12,7 +12,7 @@ A model adapter owns one `PrunedVideos` and routes two things through it:
 The tokenizer side (`regions.py`) laid the region out and left its unpruned ids and positions
 on the item (`fields.py`).
 
-Each video is encoded once per request: what the getter returns for an item is held on it until the chunk
+Each video is encoded once per request: what the getter returns for an item is held under its key until the chunk
 that covers the request's last video has run (`holds.py`), and each video's keep-mask is decided once, by its
 first encode, and remembered by its key (`masks`): a later encode of the same video (past the holds' bound, a
 radix repeat, `keep_mask` after the mask was forgotten) prunes by it, never by a mask of its own, so every chunk
@@ -46,7 +46,9 @@ from sglang_evs.methods import (
     continued_threshold_mask,
     limited_mask,
     threshold_limited_mask,
+    with_context,
 )
+from sglang_evs.methods.stream import CONTEXT_GROUPS
 from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import (
     METHOD,
@@ -154,7 +156,7 @@ class PrunedVideos:
         if not continues_stream(item):
             return rows
         _, height, width = video_grid(item)
-        return rows[height * width // self.spatial_merge_size**2 :]
+        return rows[CONTEXT_GROUPS * height * width // self.spatial_merge_size**2 :]
 
     def _features(self, items: list) -> list[torch.Tensor]:
         merge = self.spatial_merge_size
@@ -300,11 +302,10 @@ def with_stream_context(item):
     if not continues_stream(item):
         return item
     context = item.model_specific_data[STREAM_CONTEXT]["patches"]
-    t, height, width = video_grid(item)
     moved = copy.copy(item)
     moved.model_specific_data = {
         **item.model_specific_data,
-        "video_grid_thw": torch.tensor([[t + 1, height, width]], dtype=item.video_grid_thw.dtype),
+        "video_grid_thw": torch.tensor([with_context(video_grid(item))], dtype=item.video_grid_thw.dtype),
     }
     moved.feature = torch.cat([context.to(item.feature.device, item.feature.dtype), item.feature])
     return moved
