@@ -58,7 +58,11 @@ def test_the_suites_clips_decode_to_the_same_frames_through_both(clips, monkeypa
     """SGLang's `VideoDecoderWrapper`, the same clip through each backend: every frame equal, the same count and fps."""
     monkeypatch.syspath_prepend(str(TORCHCODEC))
     from sglang.srt.utils import video_decoder
+    from torchcodec.decoders import VideoDecoder
 
+    # SGLang binds torchcodec's decoder at its module's first import, which in this process may have come before
+    # torchcodec was on the path: bind it here, whatever the order the suite ran in.
+    monkeypatch.setattr(video_decoder, "VideoDecoder", VideoDecoder, raising=False)
     for kind, clip in clips.items():
         decoded = {}
         for backend in ("torchcodec", "decord"):
