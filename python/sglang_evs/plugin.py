@@ -65,7 +65,16 @@ def register_hooks() -> None:
     from sglang_evs import sglang_compat as sglang
     from sglang_evs import trace
     from sglang_evs.models import registry
-    from sglang_evs.pruning import admission, disaggregated, holds, keys, prefill_decode, sessions, streams
+    from sglang_evs.pruning import (
+        admission,
+        disaggregated,
+        holds,
+        keys,
+        prefill_decode,
+        sessions,
+        stream_sessions,
+        streams,
+    )
 
     # No hook on SGLang's embedding routine: this project's models call this project's routine
     # (models/adapter.py), every other model keeps calling upstream's, untouched.
@@ -75,6 +84,9 @@ def register_hooks() -> None:
     register(sglang.hook_target("import_processors"), register_processors, after)
     register(sglang.hook_target("compute_mm_token_counts"), count_kept_video_tokens, around)
     register(sglang.hook_target("handle_batch_output"), _add_usage_to_meta_info, around)
+    register(sglang.hook_target("handle_batch_output"), stream_sessions.commit_finished_turns, around)
+    register(sglang.hook_target("open_session"), stream_sessions.note_streaming_session, around)
+    register(sglang.hook_target("close_session"), stream_sessions.forget_closed_session, around)
     register(sglang.hook_target("key_media_item"), keys.fold_deferred_key, around)
     register(sglang.hook_target("release_media"), holds.release_media, after)
     register(sglang.hook_target("validate_request"), streams.refuse_streams_nothing_serves, sglang.HookType.BEFORE)

@@ -138,6 +138,10 @@ HOOK_TARGETS: dict[str, str] = {
     "key_media_item": "sglang.srt.managers.schedule_batch:MultimodalDataItem.set_pad_value",
     # a request's media dropped by the scheduler (finished, aborted): the plugin's held encodings go with it
     "release_media": "sglang.srt.managers.schedule_batch:MultimodalInputs.release_features",
+    # a session opened and closed, in the tokenizer process (pruning/stream_sessions.py keeps a stream's end per
+    # session)
+    "open_session": "sglang.srt.managers.tokenizer_manager:TokenizerManager.open_session",
+    "close_session": "sglang.srt.managers.tokenizer_manager:TokenizerManager.close_session",
     # every request's check in the tokenizer process, media or none (a `video_stream` request without video)
     "validate_request": "sglang.srt.managers.tokenizer_manager:TokenizerManager._validate_one_request",
     # validation of the server arguments, in the launching process before any subprocess starts

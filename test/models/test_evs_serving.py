@@ -38,11 +38,13 @@ from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
     chat_prompt,
+    close_session,
     counter_increase,
     flush_cache,
     generate,
     logprob_gap,
     media_kwargs,
+    open_session,
     per_request_pruning,
     per_request_rate,
     pruning_metrics,
@@ -83,7 +85,14 @@ def evs_server(tiny_model_dir, evs_trace):
     tier runs the partial-window path. Without SGLang's embedding cache (`SGLANG_VLM_CACHE_SIZE_MB=0`, its
     profiled default for Qwen3-VL on large Hopper GPUs), every chunk after a video's first reads the rows the
     plugin held (`pruning/holds.py`)."""
-    args = ["--dtype", "float32", "--enable-metrics", "--chunked-prefill-size", str(CHUNK)]
+    args = [
+        "--dtype",
+        "float32",
+        "--enable-metrics",
+        "--chunked-prefill-size",
+        str(CHUNK),
+        "--enable-streaming-session",
+    ]
     args += ["--json-model-override-args", f'{{"video_pruning_rate": {SERVER_RATE}}}']
     env = {"SGLANG_EVS_TRACE": str(evs_trace), "SGLANG_VLM_CACHE_SIZE_MB": "0"}
     with running_server(tiny_model_dir, evs_trace.parent / "server.log", args, env, graph_mode=True) as server:
@@ -537,3 +546,71 @@ def test_a_bad_stream_request_gets_400_and_serving_goes_on(evs_server, segments,
     response = requests.post(f"{evs_server.base_url}/generate", json=no_video, timeout=120)
     assert response.status_code == 400 and "the request has no video" in response.text, response.text
     assert evs_server.alive() and stream_request(evs_server, segments["static"], video_pruning_rate=0.5).output_ids
+
+
+# --- a stream sent turn by turn through a session (pruning/stream_sessions.py)
+
+
+@pytest.fixture(scope="module")
+def stream_of_four(tmp_path_factory) -> list[Path]:
+    """Four 2-s segments (2 groups each) of one stream of fresh noise every frame (no near-ties in EVS's scores)."""
+    out = tmp_path_factory.mktemp("stream_of_four")
+    frames = media.clip_frames("noise", num_frames=32, seed=23)
+    return [media.write_mp4(out / f"segment-{i}.mp4", frames[8 * i : 8 * (i + 1)]) for i in range(4)]
+
+
+def turn_prompt(index: int) -> str:
+    return chat_prompt(VIDEO, text=f"Segment {index}.")
+
+
+def stream_turn(server, session: str, index: int, segment: Path, settings: dict, max_new_tokens: int, **extra):
+    """One segment appended to `session`, marked `video_stream` after the first (which starts the stream)."""
+    marked = {**settings, "video_stream": True} if index else settings
+    return generate(server.base_url, turn_prompt(index), max_new_tokens, video_data=[str(segment)],
+                    mm_processor_kwargs=marked, session_params={"id": session}, **extra)[0]  # fmt: skip
+
+
+def held_stream_state(trace_path: Path, session: str) -> list[int]:
+    """The tokenizer's bytes held for `session`'s stream at each of its changes (`stream_state` trace events)."""
+    return [event["bytes"] for event in trace.read(trace_path, "stream_state") if event["session"] == session]
+
+
+@pytest.mark.parametrize(
+    "settings", [{"video_pruning_rate": 0.5}, {"video_pruning_threshold": 0.9}], ids=["q.5", "t.9"]
+)
+def test_a_session_of_four_appended_segments_is_the_four_sent_at_once(evs_server, evs_trace, stream_of_four, settings):
+    """A streaming session, one segment per turn (each turn before the last prefilled only, so that no reply enters
+    the history): the last turn's prompt, kept tokens and greedy tokens are the one request's, its logprobs within
+    float32 noise; each turn reuses the turns before it from the radix cache; the stream's state in the tokenizer is
+    one group of patches whatever the turns, and closing the session lets it go."""
+    session = open_session(evs_server.base_url)
+    turns = [stream_turn(evs_server, session, i, segment, settings, 0) for i, segment in enumerate(stream_of_four[:3])]
+    last = stream_turn(evs_server, session, 3, stream_of_four[3], settings, 8)
+    held = held_stream_state(evs_trace, session)
+    close_session(evs_server.base_url, session)
+    at_once = generate(evs_server.base_url, "".join(turn_prompt(i) for i in range(4)), 8,
+                       video_data=[str(c) for c in stream_of_four],
+                       mm_processor_kwargs={**settings, "video_stream": True})[0]  # fmt: skip
+    assert_same_greedy(last, at_once, settings)
+    assert last.prompt_tokens == at_once.prompt_tokens
+    kept = [turn.meta["video_tokens_after_pruning"] for turn in (*turns, last)]
+    assert sum(kept) == at_once.meta["video_tokens_after_pruning"] < at_once.meta["video_tokens_before_pruning"]
+    following = zip(turns, [*turns[1:], last], strict=True)
+    assert all(turn.cached_tokens >= before.prompt_tokens for before, turn in following)  # the radix cache's
+    assert len(held) == 4 and len(set(held)) == 1 and held[0] > 0  # one group, whatever the turns
+    assert held_stream_state(evs_trace, session)[-1] == 0
+
+
+def test_a_session_turn_with_nothing_to_continue_gets_400_and_serving_goes_on(evs_server, stream_of_four):
+    """The mark on a session's first video (nothing before it to continue), and on a turn of a session opened without
+    streaming that does not name the turn it follows (SGLang appends it to nothing)."""
+    for streaming, message in ((True, "has no earlier video to continue"), (False, "give session_params.rid=")):
+        session = open_session(evs_server.base_url, streaming=streaming)
+        if not streaming:
+            stream_turn(evs_server, session, 0, stream_of_four[0], {"video_pruning_rate": 0.5}, 1)
+        body = {"text": turn_prompt(1), "video_data": [str(stream_of_four[1])], "session_params": {"id": session},
+                "mm_processor_kwargs": {"video_stream": True}, "sampling_params": {"max_new_tokens": 1}}  # fmt: skip
+        response = requests.post(f"{evs_server.base_url}/generate", json=body, timeout=120)
+        assert response.status_code == 400 and message in response.text, response.text
+        close_session(evs_server.base_url, session)
+    assert evs_server.alive() and video_request(evs_server, stream_of_four[0], q=0.5).output_ids

@@ -1,6 +1,7 @@
 """A request's videos as one stream's segments (`pruning/streams.py`): timestamps that continue, each continued
 segment's context group, and what is refused by name. Served end to end in test/models/test_evs_serving.py."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,14 +20,35 @@ def segment_metadata(frames: int, sampled: list[int], fps: float = 4.0) -> dict:
 
 def test_each_segments_frames_count_on_from_the_segments_before_it():
     stream = [segment_metadata(16, [0, 5, 10, 15]), segment_metadata(8, [0, 7]), segment_metadata(16, [0, 15])]
-    shifted = streams.continuing_timestamps(stream)
+    turn = streams.StreamTurn(continues=True, start=None)
+    shifted = streams.continuing_timestamps(stream, turn)
     assert [m["frames_indices"].tolist() for m in shifted] == [[0, 5, 10, 15], [16, 23], [24, 39]]
     assert stream[1]["frames_indices"].tolist() == [0, 7]  # the processor's own metadata is left as it was
+    assert (turn.frames, turn.fps) == (40, 4.0)
+
+
+def test_a_turn_continues_from_where_its_sessions_last_video_ended():
+    start = streams.StreamEnd(frames=40, fps=4.0, grid_hw=(2, 4), patches=None)
+    turn = streams.StreamTurn(continues=True, start=start)
+    shifted = streams.continuing_timestamps([segment_metadata(8, [0, 7])], turn)
+    assert shifted[0]["frames_indices"].tolist() == [40, 47] and turn.frames == 48
+    with pytest.raises(ValueError, match="segment 0 is at 30 fps, the stream at 4"):
+        streams.continuing_timestamps([segment_metadata(60, [0, 59], fps=30)], turn)
+
+
+def test_a_turn_not_marked_keeps_its_timestamps_and_ends_where_its_last_video_does():
+    turn = streams.StreamTurn(continues=False, start=None)
+    stream = [segment_metadata(16, [0, 15]), segment_metadata(8, [0, 7], fps=2.0)]
+    shifted = streams.continuing_timestamps(stream, turn)
+    assert [m["frames_indices"].tolist() for m in shifted] == [[0, 15], [0, 7]] and (turn.frames, turn.fps) == (8, 2.0)
 
 
 def test_a_segment_at_another_fps_is_refused_by_name():
     with pytest.raises(ValueError, match="segment 1 is at 30 fps, the stream at 4"):
-        streams.continuing_timestamps([segment_metadata(16, [0, 15]), segment_metadata(60, [0, 59], fps=30)])
+        streams.continuing_timestamps(
+            [segment_metadata(16, [0, 15]), segment_metadata(60, [0, 59], fps=30)],
+            streams.StreamTurn(continues=True, start=None),
+        )
 
 
 def video(grid: tuple[int, int, int], feature: torch.Tensor) -> MultimodalDataItem:
@@ -47,9 +69,17 @@ def test_each_continued_segment_carries_the_previous_segments_last_group_of_patc
     assert digests[0] is None and len({*digests[1:]}) == 2  # two different contexts, two different keys
 
 
-def test_a_segment_of_another_frame_size_is_refused_by_name():
-    with pytest.raises(ValueError, match="segment 1 is 4x4 patches, the stream 2x4"):
-        streams.attach_contexts([video((2, 2, 4), torch.zeros(16, 1)), video((2, 4, 4), torch.zeros(32, 1))])
+def test_a_requests_first_segment_continues_the_end_it_is_given_and_one_let_go_starts_afresh():
+    before = streams.stream_end(video((2, 2, 4), torch.arange(16.0).reshape(16, 1)), frames=32, fps=4.0)
+    assert before.grid_hw == (2, 4) and before.patches.flatten().tolist() == list(range(8, 16))
+    segment = video((2, 2, 4), torch.zeros(16, 1))
+    streams.attach_contexts([segment], before)
+    assert torch.equal(segment.model_specific_data[STREAM_CONTEXT]["patches"], before.patches)
+    let_go = video((2, 2, 4), torch.zeros(16, 1))
+    streams.attach_contexts([let_go], replace(before, patches=None))
+    assert not continues_stream(let_go)
+    with pytest.raises(ValueError, match="segment 0 is 4x4 patches, the stream 2x4"):
+        streams.attach_contexts([video((2, 4, 4), torch.zeros(32, 1))], before)
 
 
 def request(video_data=None, stream=True) -> SimpleNamespace:
@@ -76,7 +106,6 @@ def test_the_mark_with_no_video_or_on_a_model_not_served_is_refused_and_any_othe
     ("model_type", "fields", "on_device", "message"),
     [
         ("glm4v", {"video_data": ["a.mp4"]}, False, "not 'glm4v' yet"),
-        ("qwen3_vl", {"video_data": ["a.mp4"], "session_params": {"id": "s"}}, False, "a session's turns"),
         ("qwen3_vl", {"video_data": ["a.mp4"]}, True, "--mm-feature-transport cpu"),
     ],
 )

@@ -25,7 +25,16 @@ from sglang_evs.pruning.refusals import (
 )
 from sglang_evs.pruning.regions import mark_threshold_videos, prune_video_regions
 from sglang_evs.pruning.settings import request_pruning, server_pruning
-from sglang_evs.pruning.streams import STREAMING, attach_contexts, continuing_timestamps, refuse_unstreamable
+from sglang_evs.pruning.stream_sessions import SESSION_STREAMS, session_turn
+from sglang_evs.pruning.streams import (
+    STREAM_TURN,
+    TIMESTAMPED_MODEL_TYPES,
+    StreamTurn,
+    attach_contexts,
+    continuing_timestamps,
+    refuse_unstreamable,
+    stream_end,
+)
 from sglang_evs.pruning.usage import record_threshold_usage, record_usage
 from sglang_evs.served import VideoFamily
 
@@ -86,6 +95,18 @@ class PruningProcessor:
         output = super().get_mm_data(prompt, {**embeddings, video: stand_in}, **kwargs)
         return lay_out_pruned(output, records, rows, self.family.pad_token_id(self.hf_config))
 
+    def _session_prompt_tokens(self, turn, input_ids: list[int]) -> int | None:
+        """The unpruned prompt's length as the scheduler will see it: a session turn's after its history (its BOS
+        stripped there, as SGLang strips it), or None where that history is not known here."""
+        if turn is None:
+            return len(input_ids)
+        history = SESSION_STREAMS.history_tokens(turn)
+        if history is None:
+            return None
+        bos = getattr(getattr(self._processor, "tokenizer", None), "bos_token_id", None)
+        stripped = int(bool(history) and bos is not None and bool(input_ids) and input_ids[0] == bos)
+        return history + len(input_ids) - stripped
+
     async def load_mm_data(self, *args, **kwargs):
         loaded = await super().load_mm_data(*args, **kwargs)
         refuse_too_short_videos(loaded.videos, self.family)
@@ -93,30 +114,42 @@ class PruningProcessor:
 
     async def process_and_combine_mm_data_async(self, base_output, mm_tokens, **kwargs):
         """Upstream's, with a stream's segments timed as one video's (`streams.continuing_timestamps`)."""
-        if STREAMING.get() and kwargs.get("video_metadata") is not None:
-            kwargs["video_metadata"] = continuing_timestamps(kwargs["video_metadata"])
+        turn = STREAM_TURN.get()
+        if turn is not None and kwargs.get("video_metadata") is not None:
+            kwargs["video_metadata"] = continuing_timestamps(kwargs["video_metadata"], turn)
         return await super().process_and_combine_mm_data_async(base_output, mm_tokens, **kwargs)
 
     async def process_mm_data_async(self, image_data, input_text, request_obj, *args, **kwargs):
         start = time.perf_counter()
         pruning = request_pruning(request_obj, self.pruning)
         refuse_unsupported(pruning, self.conflict, self.rate_only, self.content_unreached)
+        on_device = bool(getattr(self, "keep_mm_features_on_device", False))
         if pruning.stream:
-            on_device = bool(getattr(self, "keep_mm_features_on_device", False))
             refuse_unstreamable(self.hf_config.model_type, request_obj, on_device)
-        streaming = STREAMING.set(pruning.stream)
+        in_session = session_turn(request_obj)
+        session = in_session
+        if session is not None and (self.hf_config.model_type not in TIMESTAMPED_MODEL_TYPES or on_device):
+            session = None  # no later turn of it can continue a stream here (`refuse_unstreamable`)
+        turn = None
+        if pruning.stream or session is not None:
+            continued = SESSION_STREAMS.continued_end(session) if pruning.stream and session is not None else None
+            turn = StreamTurn(continues=pruning.stream, start=continued)
+        current = STREAM_TURN.set(turn)
         try:
             output = await super().process_mm_data_async(image_data, input_text, request_obj, *args, **kwargs)
         finally:
-            STREAMING.reset(streaming)
+            STREAM_TURN.reset(current)
         merge = self.hf_config.vision_config.spatial_merge_size
         has_video = output is not None and any(item.is_video() for item in output.mm_items)
-        if has_video and pruning.stream and pruning.prunes:
-            attach_contexts([item for item in output.mm_items if item.is_video()])
+        segments = [item for item in output.mm_items if item.is_video()] if has_video else []
+        if segments and pruning.stream and pruning.prunes:
+            attach_contexts(segments, turn.start)
         if has_video and pruning.follows_content:
             refuse_request_features_with_threshold(request_obj)
             tokens = mark_threshold_videos(output, pruning, merge)
-            record_threshold_usage(getattr(request_obj, "rid", None), pruning, tokens, len(output.input_ids))
+            unpruned_prompt = self._session_prompt_tokens(in_session, output.input_ids)
+            if unpruned_prompt is not None:
+                record_threshold_usage(getattr(request_obj, "rid", None), pruning, tokens, unpruned_prompt)
         elif has_video and pruning.prunes:
             videos = prune_video_regions(output, pruning, merge, self.family.pad_token_id(self.hf_config))
             refuse_prompt_logprobs_over_pruned_videos(request_obj, output)
@@ -124,6 +157,9 @@ class PruningProcessor:
             for video in videos:
                 name = pruning.method.name
                 logger.debug("%s q=%s: video tokens %d -> %d", name, pruning.rate, video.before, video.after)
+        if session is not None and segments:  # a later turn may continue its last video: recorded once it is accepted
+            end = stream_end(segments[-1], turn.frames, turn.fps)
+            SESSION_STREAMS.record_turn(getattr(request_obj, "rid", None), session, end)
         if trace.enabled() and output is not None:
             items = [item.hash for item in output.mm_items]
             trace.record("processed", items=items, ms=(time.perf_counter() - start) * 1e3)

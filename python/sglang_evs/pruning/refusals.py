@@ -274,11 +274,7 @@ def prompt_logprobs_refusal(request, items: list, prompt_tokens: int) -> str | N
 
 def refuse_request_features_with_threshold(request_obj) -> None:
     """ValueError (HTTP 400) for what a threshold request cannot have yet: input logprobs (`logprob_start_len`
-    indexes the served prompt, whose length the scheduler decides after this process has passed the request on)
-    and a session turn (no session has run over an admission-time layout)."""
-    if getattr(request_obj, "session_params", None) is not None:
-        raise ValueError(f"{PRUNING_THRESHOLD_SETTING} in a session turn is not served yet; prune it with "
-                         f"{PRUNING_RATE_SETTING}")  # fmt: skip
+    indexes the served prompt, whose length the scheduler decides after this process has passed the request on)."""
     wants = getattr(request_obj, "return_logprob", False)
     starts = getattr(request_obj, "logprob_start_len", None)
     both_lists = isinstance(wants, list) and isinstance(starts, list)

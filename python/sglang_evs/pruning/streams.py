@@ -3,26 +3,28 @@
 Deployments that watch a camera or a screen send video as it arrives, a few seconds at a time. Each segment would
 otherwise reach SGLang as a video of its own: its timestamps start again at 0, and EVS keeps its first group whole,
 since nothing came before it (a static camera keeps a full group per segment). With `video_stream` the request's
-videos are one stream, in order:
+videos are one stream, in order, and in a session (`stream_sessions.py`) the request's first video continues the
+session's last one:
 
   - timestamps continue (`continuing_timestamps`, on the upstream processor's way to the HF processor): each
     segment's sampled frame indices are shifted by the frames of the segments before it, so Qwen3-VL's
     `<t seconds>` framing text counts on; the M-RoPE positions of the prompt continue as its tokens do;
-  - a pruned segment after the first carries the stream's group before it, the previous segment's last temporal
-    group of patches (`attach_contexts`, `fields.STREAM_CONTEXT`): the model encodes it before the segment's own
-    patches (a Qwen-VL tower attends within a temporal group, so its rows are the ones the previous segment had)
-    and scores the segment against it (`methods.stream`: a rate, budget or floor per segment, a threshold per
-    group); its key folds their digest, so one segment after two different streams never shares cache entries.
+  - a pruned segment that continues one before it carries the stream's group before it, that segment's last
+    temporal group of patches (`attach_contexts`, `fields.STREAM_CONTEXT`): the model encodes it before the
+    segment's own patches (a Qwen-VL tower attends within a temporal group, so its rows are the ones the previous
+    segment had) and scores the segment against it (`methods.stream`: a rate, budget or floor per segment, a
+    threshold per group); its key folds their digest, so one segment after two different streams never shares
+    cache entries.
 
 What a stream cannot change mid-way is refused, naming it: the fps (timestamps would not continue) and a segment's
 frame size (EVS compares the same cell across groups). Served for the families whose processor writes timestamps
-from the sampled frames (Qwen3-VL and its kin, `TIMESTAMPED_MODEL_TYPES`), each request on its own (a session's
-turns do not continue a stream yet), over the CPU feature transport (a device handle's pixels are the scheduler's
-to read).
+from the sampled frames (Qwen3-VL and its kin, `TIMESTAMPED_MODEL_TYPES`), over the CPU feature transport (a
+device handle's pixels are the scheduler's to read).
 """
 
 import hashlib
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,8 +38,34 @@ from sglang_evs.served import serves
 # which Qwen3-VL's processor writes the timestamps (`QwenVLImageProcessor._process_mm_data_uncached`).
 TIMESTAMPED_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "qwen4_exp"})
 
-# Whether the request being processed (this asyncio task) is a stream: set around the upstream processor's call.
-STREAMING: ContextVar[bool] = ContextVar("sglang_evs_streaming", default=False)
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """Where a stream's last segment ended: what its next segment continues from."""
+
+    frames: int  # the frames up to the end of the last segment (the next one's frame indices count on from here)
+    fps: float
+    grid_hw: tuple[int, int]  # the segments' frame size, in patches
+    patches: torch.Tensor | None  # [h * w, patch width] the last temporal group of patches; None once let go
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.patches is None else self.patches.numel() * self.patches.element_size()
+
+
+@dataclass
+class StreamTurn:
+    """A request's place in a stream while its media are processed (`STREAM_TURN`)."""
+
+    continues: bool  # its videos are marked `video_stream`
+    start: StreamEnd | None  # what its first video continues (a session's last video); None: a stream starts here
+    frames: int = 0  # set by `continuing_timestamps`: the frames up to the end of the request's last video
+    fps: float | None = None
+
+
+# The request being processed (this asyncio task), set around the upstream processor's call: a `video_stream` request
+# or a session turn (whose last video a later turn may continue); None for any other request.
+STREAM_TURN: ContextVar[StreamTurn | None] = ContextVar("sglang_evs_stream_turn", default=None)
 
 
 def refuse_unstreamable(model_type: str, request_obj, transport_on_device: bool) -> None:
@@ -47,10 +75,6 @@ def refuse_unstreamable(model_type: str, request_obj, transport_on_device: bool)
         raise ValueError(
             f"{STREAM_SETTING}: served for the models whose timestamps follow their sampled frames "
             f"({', '.join(sorted(TIMESTAMPED_MODEL_TYPES))}), not {model_type!r} yet"
-        )
-    if getattr(request_obj, "session_params", None):
-        raise ValueError(
-            f"{STREAM_SETTING}: a session's turns do not continue a stream yet; send the segments in one request"
         )
     if transport_on_device:
         raise ValueError(
@@ -73,36 +97,57 @@ def refuse_streams_nothing_serves(tokenizer_manager, obj, *args, **kwargs) -> No
         raise ValueError(f"{STREAM_SETTING}: the request has no video")
 
 
-def continuing_timestamps(video_metadata: list[dict | None]) -> list[dict | None]:
-    """Each segment's metadata (SGLang's `preprocess_video`: fps, total_num_frames, frames_indices) with its frame
-    indices shifted by the frames of the segments before it, so that its timestamps continue the stream's. ValueError
-    naming the segment whose fps differs from the stream's."""
-    out, before, fps = [], 0, None
+def continuing_timestamps(video_metadata: list[dict | None], turn: StreamTurn) -> list[dict | None]:
+    """Each video's metadata (SGLang's `preprocess_video`: fps, total_num_frames, frames_indices), for a stream
+    (`turn.continues`) with its frame indices shifted by the frames of the segments before it, so that its
+    timestamps continue the stream's; any other request's as they are. Sets `turn.frames` and `turn.fps` (where the
+    request's last video ends). ValueError naming the segment whose fps differs from the stream's."""
+    start = turn.start if turn.continues else None
+    before, fps = (start.frames, start.fps) if start is not None else (0, None)
+    out = []
     for index, metadata in enumerate(video_metadata):
         if metadata is None:
-            raise ValueError(f"{STREAM_SETTING}: segment {index} came without its frame times")
+            if turn.continues:
+                raise ValueError(f"{STREAM_SETTING}: segment {index} came without its frame times")
+            out.append(metadata)
+            continue
+        if not turn.continues:
+            before, fps = 0, metadata["fps"]  # each video on its own: the last one is where a stream could go on
         fps = metadata["fps"] if fps is None else fps
         if not np.isclose(metadata["fps"], fps):
             raise ValueError(f"{STREAM_SETTING}: segment {index} is at {metadata['fps']:g} fps, the stream at {fps:g}")
         out.append({**metadata, "frames_indices": np.asarray(metadata["frames_indices"]) + before})
         before += int(metadata["total_num_frames"])
+    turn.frames, turn.fps = before, fps
     return out
 
 
-def attach_contexts(videos: list) -> None:
-    """Each segment after the first gets the stream's group before it (the previous segment's last temporal group of
-    patches, `STREAM_CONTEXT`, with their digest for its key). ValueError naming a segment whose frame size differs
-    from the stream's."""
-    for index, (previous, video) in enumerate(zip(videos, videos[1:], strict=False), start=1):
+def attach_contexts(videos: list, start: StreamEnd | None = None) -> None:
+    """Each segment that continues one before it (the request's videos after its first; the first too, where it
+    continues `start`, a session's last video) gets the stream's group before it (that segment's last temporal group
+    of patches, `STREAM_CONTEXT`, with their digest for its key). ValueError naming a segment whose frame size
+    differs from the stream's."""
+    before = [start] + [stream_end(video) for video in videos[:-1]]
+    for index, (previous, video) in enumerate(zip(before, videos, strict=True)):
+        if previous is None:
+            continue
         _, height, width = video_grid(video)
-        _, before_height, before_width = video_grid(previous)
-        if (height, width) != (before_height, before_width):
+        if (height, width) != previous.grid_hw:
+            before_height, before_width = previous.grid_hw
             raise ValueError(
                 f"{STREAM_SETTING}: segment {index} is {height}x{width} patches, the stream "
                 f"{before_height}x{before_width}"
             )
-        if is_device_handle(previous.feature) or not isinstance(previous.feature, torch.Tensor):
-            raise ValueError(f"{STREAM_SETTING}: segment {index - 1}'s pixels are not readable here")
-        patches = previous.feature[-height * width :].detach().to("cpu", copy=True).contiguous()
-        digest = hashlib.sha256(patches.view(torch.uint8).numpy().tobytes()).hexdigest()
-        video.set(STREAM_CONTEXT, {"patches": patches, "digest": digest})
+        if previous.patches is not None:  # let go under the bound (`stream_sessions`): scored as a stream's start
+            digest = hashlib.sha256(previous.patches.view(torch.uint8).numpy().tobytes()).hexdigest()
+            video.set(STREAM_CONTEXT, {"patches": previous.patches, "digest": digest})
+
+
+def stream_end(video, frames: int = 0, fps: float = 0.0) -> StreamEnd:
+    """Where a segment ends: its last temporal group of patches (a copy, on the CPU) and its frame size, with the
+    stream's `frames` and `fps` so far. ValueError where its pixels are not readable here."""
+    _, height, width = video_grid(video)
+    if is_device_handle(video.feature) or not isinstance(video.feature, torch.Tensor):
+        raise ValueError(f"{STREAM_SETTING}: a segment's pixels are not readable here")
+    patches = video.feature[-height * width :].detach().to("cpu", copy=True).contiguous()
+    return StreamEnd(frames=frames, fps=fps, grid_hw=(height, width), patches=patches)

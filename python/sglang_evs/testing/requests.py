@@ -112,6 +112,18 @@ def _generation(out: dict) -> Generation:
     )
 
 
+def open_session(base_url: str, streaming: bool = True) -> str:
+    """A session opened on the server (a streaming one appends each turn to the last): its id."""
+    body = {"capacity_of_str_len": 1 << 16, "streaming": streaming}
+    response = requests.post(f"{base_url}/open_session", json=body, timeout=60)
+    response.raise_for_status()
+    return response.json()
+
+
+def close_session(base_url: str, session_id: str) -> None:
+    requests.post(f"{base_url}/close_session", json={"session_id": session_id}, timeout=60).raise_for_status()
+
+
 def logprob_gap(got, want) -> float:
     """The largest difference between two replies' logprobs of the same generated tokens (anything with
     `.logprobs`: a `Generation`, or a test's own reference)."""

@@ -1,0 +1,140 @@
+"""What the tokenizer process keeps per session (`pruning/stream_sessions.py`): a stream's end, recorded per turn,
+committed when the turn finishes, kept once per session, let go past its bound, dropped on close; the turns'
+lengths, which place a turn after its history. Served end to end in test/models/test_evs_serving.py."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_evs.pruning import stream_sessions
+from sglang_evs.pruning.stream_sessions import SessionStreams, SessionTurn, session_turn
+from sglang_evs.pruning.streams import StreamEnd
+
+GROUP_BYTES = 8 * 6 * 4  # one group of 8 patches, 6 float32 values each
+
+
+def end(frames: int, fill: float = 0.0) -> StreamEnd:
+    return StreamEnd(frames=frames, fps=4.0, grid_hw=(2, 4), patches=torch.full((8, 6), fill))
+
+
+def turn(session: str = "s", rid: str | None = None, **params) -> SessionTurn:
+    return session_turn(SimpleNamespace(session_params={"id": session, "rid": rid, **params}))
+
+
+def streaming_session(name: str = "s") -> SessionStreams:
+    streams = SessionStreams()
+    streams.streaming.add(name)
+    return streams
+
+
+def test_a_turn_continues_the_end_of_its_sessions_last_finished_turn_and_none_aborted():
+    streams = streaming_session()
+    for rid, frames in (("t1", 16), ("t2", 32)):
+        streams.record_turn(rid, turn(), end(frames))
+        streams.finished(rid, "s", aborted=False)
+    streams.record_turn("t3", turn(), end(48))
+    streams.finished("t3", "s", aborted=True)
+    assert streams.continued_end(turn()).frames == 32 and not streams.pending
+    assert streams.held_bytes() == GROUP_BYTES  # one group per session, whatever its turns
+
+
+def test_a_turn_without_a_video_moves_the_session_on_and_keeps_its_end():
+    streams = SessionStreams()  # opened without streaming: a turn names the one it follows
+    streams.record_turn("t1", turn(), end(16))
+    streams.finished("t1", "s", aborted=False)
+    streams.finished("question", "s", aborted=False)
+    assert streams.continued_end(turn(rid="question")).frames == 16
+    with pytest.raises(ValueError, match="session_params.rid='question'"):
+        streams.continued_end(turn(rid="t1"))
+    with pytest.raises(ValueError, match="session_params.rid='question'"):
+        streams.continued_end(turn())  # SGLang appends it to nothing
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({}, "session s has no earlier video to continue; send the stream's first segment without it"),
+        ({"replace": True}, "replaces or cuts its session's history"),
+        ({"offset": 3}, "replaces or cuts its session's history"),
+    ],
+)
+def test_what_a_turn_cannot_continue_is_refused_by_name(params, message):
+    streams = streaming_session()
+    if "replace" in params or "offset" in params:
+        streams.record_turn("t1", turn(), end(16))
+        streams.finished("t1", "s", aborted=False)
+    with pytest.raises(ValueError, match=message):
+        streams.continued_end(turn(**params))
+
+
+def test_closing_a_session_drops_its_end_and_its_unfinished_turns():
+    streams = streaming_session()
+    streams.record_turn("t1", turn(), end(16))
+    streams.finished("t1", "s", aborted=False)
+    streams.record_turn("t2", turn(), end(32))
+    streams.record_turn("other", turn("o"), end(8))
+    streams.forget("s")
+    assert streams.held_bytes() == 0 and list(streams.pending) == ["other"] and "s" not in streams.streaming
+
+
+def test_past_the_bound_the_least_recently_used_sessions_patches_are_let_go(monkeypatch):
+    monkeypatch.setenv(stream_sessions.BOUND_ENV, str(2.5 * GROUP_BYTES / 2**20))
+    streams = SessionStreams()
+    for session in ("a", "b", "c"):
+        streams.streaming.add(session)
+        streams.record_turn(session, turn(session), end(16, fill=ord(session)))
+        streams.finished(session, session, aborted=False)
+    assert streams.held_bytes() == 2 * GROUP_BYTES
+    let_go = streams.continued_end(turn("a"))
+    assert let_go.patches is None and let_go.frames == 16  # its timestamps still go on
+    assert torch.equal(streams.continued_end(turn("c")).patches, end(16, fill=ord("c")).patches)
+
+
+@pytest.mark.parametrize(
+    ("streaming", "params", "history"),
+    [
+        (True, {}, 100 + 7),
+        (False, {"rid": "t1"}, 100 + 7),
+        (False, {}, 0),  # SGLang appends it to nothing
+        (False, {"rid": "t1", "drop_previous_output": True}, 100),
+        (False, {"rid": "t1", "offset": 40}, 40),
+        (False, {"rid": "unknown"}, None),
+    ],
+)
+def test_a_turns_history_is_the_prompt_and_reply_of_the_turn_it_appends_to(streaming, params, history):
+    streams = streaming_session() if streaming else SessionStreams()
+    streams.finished("t0", "s", aborted=False, prompt=60, reply=3)
+    streams.finished("t1", "s", aborted=False, prompt=100, reply=7)
+    assert streams.history_tokens(turn(**params)) == history
+
+
+def test_the_tokenizers_outputs_commit_finished_turns_of_a_served_model():
+    streams = streaming_session()
+    streams.record_turn("t1", turn(), end(16))
+    streams.record_turn("t2", turn("o"), end(8))
+    states = {rid: SimpleNamespace(obj=SimpleNamespace(session_params={"id": session}))
+              for rid, session in (("t1", "s"), ("t2", "o"), ("q", "s"))}  # fmt: skip
+    config = SimpleNamespace(architectures=["Qwen3VLForConditionalGeneration"])
+    manager = SimpleNamespace(rid_to_state=states, model_config=SimpleNamespace(hf_config=config))
+
+    def outputs(rids, reasons):
+        return SimpleNamespace(rids=rids, finished_reasons=reasons, prompt_tokens=[50] * 2, completion_tokens=[4] * 2)
+
+    async def upstream(manager, recv_obj):
+        return "handled"
+
+    stream_sessions.SESSION_STREAMS, saved = streams, stream_sessions.SESSION_STREAMS
+    try:
+        finished = outputs(["t1", "t2"], [{"type": "stop"}, None])
+        assert asyncio.run(stream_sessions.commit_finished_turns(upstream, manager, finished)) == "handled"
+        assert streams.sessions["s"].last_rid == "t1" and list(streams.pending) == ["t2"]
+        asyncio.run(stream_sessions.commit_finished_turns(upstream, manager, outputs(["q"], [{"type": "length"}])))
+        assert streams.sessions["s"].last_rid == "q" and streams.history_tokens(turn()) == 54
+        assert streams.continued_end(turn()).frames == 16  # a turn without a video keeps the session's end
+        config.architectures = ["LlavaForConditionalGeneration"]  # not served: SGLang's alone
+        asyncio.run(stream_sessions.commit_finished_turns(upstream, manager, finished))
+        assert list(streams.pending) == ["t2"] and streams.sessions["s"].last_rid == "q"
+    finally:
+        stream_sessions.SESSION_STREAMS = saved
