@@ -1,0 +1,166 @@
+"""Streams on a server short of KV memory: many at once, the scheduler retracting running requests (their KV freed,
+their prompts prefilled again later) and evicting sessions' history from the radix cache, every reply what the same
+stream gets alone; and afterwards nothing of them held, in the scheduler (`pruning/holds.py`) or the tokenizer
+(`pruning/stream_sessions.py`), streams aborted mid-segment and sessions closed with a turn running included."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from sglang_evs import trace
+from sglang_evs.testing import media
+from sglang_evs.testing.compare import assert_same_greedy
+from sglang_evs.testing.requests import (
+    VIDEO,
+    chat_prompt,
+    close_session,
+    flush_cache,
+    generate,
+    metric_total,
+    open_session,
+)
+from sglang_evs.testing.server import running_server
+from sglang_evs.testing.workload import FORWARD_HOLD_S, slow_down
+
+pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
+
+KV_TOKENS = 1024  # a stream's prompt is ~250-400 tokens: six at once need twice the pool
+REPLY = 48
+SETTINGS = ({"video_pruning_rate": 0.5}, {"video_pruning_threshold": 0.9}, {"video_pruning_rate": 0.75})
+RETRACTED = "sglang:num_retracted_requests_total"
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pressure") / "trace.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tight_server(tiny_model_dir, trace_path):
+    """A KV pool of 1024 tokens whose running requests are retracted every 10th forward, 64-token chunks, no
+    embedding cache (a retracted request's videos are encoded again, through the plugin's holds), streaming sessions
+    on."""
+    args = ["--dtype", "float32", "--max-total-tokens", str(KV_TOKENS), "--chunked-prefill-size", "64",
+            "--enable-streaming-session", "--enable-metrics", "--max-running-requests", "8"]  # fmt: skip
+    # SGLang's own switch for testing retraction: the running batch retracted every 10th forward, as a full pool
+    # retracts it (a CPU pool this small admits one request at a time, never running short by itself)
+    retract = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "10"}
+    env = {trace.ENV: str(trace_path), "SGLANG_VLM_CACHE_SIZE_MB": "0", **retract}
+    with running_server(tiny_model_dir, trace_path.parent / "server.log", args, env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory) -> list[tuple[Path, Path]]:
+    """Six streams of two 2-s segments each, of fresh noise (no near-ties in EVS's scores)."""
+    out = tmp_path_factory.mktemp("pressure_streams")
+    made = []
+    for index in range(6):
+        frames = media.clip_frames("noise", num_frames=16, seed=100 + index)
+        made.append(tuple(media.write_mp4(out / f"s{index}-{i}.mp4", frames[8 * i : 8 * (i + 1)]) for i in (0, 1)))
+    return made
+
+
+def stream_request(server, segments, settings: dict):
+    return generate(server.base_url, chat_prompt(VIDEO, VIDEO, text="What happens?"), REPLY,
+                    video_data=[str(s) for s in segments],
+                    mm_processor_kwargs={**settings, "video_stream": True})[0]  # fmt: skip
+
+
+def retracted(server) -> float:
+    return metric_total(requests.get(f"{server.base_url}/metrics", timeout=30).text, RETRACTED)
+
+
+def assert_nothing_held(trace_path: Path) -> None:
+    released = trace.read(trace_path, "video_released")
+    assert not released or released[-1]["held_bytes"] == 0, released[-1]
+    stream_state = trace.read(trace_path, "stream_state")
+    assert not stream_state or stream_state[-1]["held"] == 0, stream_state[-1]
+
+
+def test_streams_retracted_under_memory_pressure_are_served_as_alone(tight_server, streams, trace_path):
+    cases = [(segments, SETTINGS[index % len(SETTINGS)]) for index, segments in enumerate(streams)]
+    alone = []
+    for segments, settings in cases:
+        flush_cache(tight_server.base_url)
+        alone.append(stream_request(tight_server, segments, settings))
+    flush_cache(tight_server.base_url)
+    retracted_before = retracted(tight_server)
+    with ThreadPoolExecutor(max_workers=len(cases)) as pool:
+        together = list(pool.map(lambda case: stream_request(tight_server, *case), cases))
+    assert retracted(tight_server) > retracted_before, "no request was retracted: the pool is not short"
+    for index, (got, want) in enumerate(zip(together, alone, strict=True)):
+        assert_same_greedy(got, want, (index, cases[index][1]))
+        assert got.meta["video_tokens_after_pruning"] == want.meta["video_tokens_after_pruning"]
+    assert_nothing_held(trace_path)
+
+
+def test_sessions_at_once_evicted_and_aborted_leave_nothing_held(tight_server, streams, trace_path):
+    """Three sessions appended to at once, segment by segment, their histories more than the pool holds beside each
+    other: evicted from the radix cache, a turn prefills its history again, continued segments encoded again with
+    their context. Sessions opened without streaming, whose history the radix cache may evict (a streaming session
+    locks its history's KV: three of them here would wait on each other for the pool, upstream as well). Each
+    session's last turn is what its segments sent at once give; then a session closed with a turn running and a
+    stream aborted mid-prefill: nothing held, and the server serves on."""
+
+    def run_session(segments) -> tuple:
+        session, parent, replies = open_session(tight_server.base_url, streaming=False), None, []
+        for index, segment in enumerate(segments):
+            settings = {"video_pruning_rate": 0.5, **({"video_stream": True} if index else {})}
+            replies.append(
+                generate(
+                    tight_server.base_url,
+                    chat_prompt(VIDEO, text=f"Segment {index}."),
+                    0 if index < len(segments) - 1 else 8,
+                    video_data=[str(segment)],
+                    mm_processor_kwargs=settings,
+                    session_params={"id": session, "rid": parent},
+                )[0]
+            )
+            parent = replies[-1].meta["id"]  # fmt: skip
+        close_session(tight_server.base_url, session)
+        return replies[-1]
+
+    long_streams = [(*streams[i], *streams[i + 3]) for i in range(3)]  # four segments each
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        lasts = list(pool.map(run_session, long_streams))
+    assert any(last.cached_tokens < last.prompt_tokens // 2 for last in lasts), "no session's history was evicted"
+    for segments, last in zip(long_streams, lasts, strict=True):
+        flush_cache(tight_server.base_url)
+        at_once = generate(tight_server.base_url, "".join(chat_prompt(VIDEO, text=f"Segment {i}.") for i in range(4)),
+                           8, video_data=[str(s) for s in segments],
+                           mm_processor_kwargs={"video_pruning_rate": 0.5, "video_stream": True})[0]  # fmt: skip
+        assert_same_greedy(last, at_once, segments[0].name)
+        assert last.prompt_tokens == at_once.prompt_tokens
+    abort_mid_flight(tight_server, streams[0])
+    assert_nothing_held(trace_path)
+    assert tight_server.alive() and stream_request(tight_server, streams[1], SETTINGS[0]).output_ids
+
+
+def abort_mid_flight(server, segments) -> None:
+    """A session whose second turn is running (forwards held back) when the session is closed, and a stream request
+    aborted mid-prefill."""
+    session = open_session(server.base_url)
+    generate(server.base_url, chat_prompt(VIDEO), 1, video_data=[str(segments[0])], session_params={"id": session},
+             mm_processor_kwargs={"video_pruning_rate": 0.5})  # fmt: skip
+    slow_down(server.base_url, FORWARD_HOLD_S)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            turn = pool.submit(requests.post, f"{server.base_url}/generate", timeout=300, json={
+                "text": chat_prompt(VIDEO), "video_data": [str(segments[1])], "session_params": {"id": session},
+                "mm_processor_kwargs": {"video_pruning_rate": 0.5, "video_stream": True},
+                "sampling_params": {"max_new_tokens": 4}})  # fmt: skip
+            stream = pool.submit(requests.post, f"{server.base_url}/generate", timeout=300, json={
+                "text": chat_prompt(VIDEO, VIDEO), "video_data": [str(s) for s in segments], "rid": "aborted-stream",
+                "mm_processor_kwargs": {"video_pruning_rate": 0.5, "video_stream": True},
+                "sampling_params": {"max_new_tokens": 4}})  # fmt: skip
+            time.sleep(4 * FORWARD_HOLD_S)
+            close_session(server.base_url, session)
+            requests.post(f"{server.base_url}/abort_request", json={"rid": "aborted-stream"}, timeout=30)
+            slow_down(server.base_url, None)
+            turn.result(), stream.result()
+    finally:
+        slow_down(server.base_url, None)
