@@ -105,10 +105,17 @@ def test_the_mark_with_no_video_or_on_a_model_not_served_is_refused_and_any_othe
 @pytest.mark.parametrize(
     ("model_type", "fields", "on_device", "message"),
     [
-        ("glm4v", {"video_data": ["a.mp4"]}, False, "not 'glm4v' yet"),
+        ("glm4v", {"video_data": ["a.mp4"]}, False, r"model types .*qwen2_5_vl.*qwen3_vl.*, not 'glm4v'"),
+        ("qwen3_omni_moe", {"video_data": ["a.mp4"]}, False, "not 'qwen3_omni_moe' yet"),
         ("qwen3_vl", {"video_data": ["a.mp4"]}, True, "--mm-feature-transport cpu"),
+        ("qwen2_5_vl", {"video_data": ["a.mp4"]}, True, "--mm-feature-transport cpu"),
     ],
 )
 def test_what_a_server_cannot_serve_as_one_stream_yet_is_refused_by_name(model_type, fields, on_device, message):
     with pytest.raises(ValueError, match=message):
         streams.refuse_unstreamable(model_type, SimpleNamespace(**fields), on_device)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen3_5", "qwen4_exp", "qwen2_5_vl", "qwen2_vl"])
+def test_the_timestamped_families_and_those_that_place_each_video_after_the_last_are_served(model_type):
+    streams.refuse_unstreamable(model_type, SimpleNamespace(video_data=["a.mp4"]), False)

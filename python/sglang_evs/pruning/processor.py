@@ -23,12 +23,12 @@ from sglang_evs.pruning.refusals import (
     refuse_request_features_with_threshold,
     refuse_unsupported,
 )
-from sglang_evs.pruning.regions import mark_threshold_videos, prune_video_regions
+from sglang_evs.pruning.regions import mark_threshold_videos, prune_video_regions, split_bundled_videos
 from sglang_evs.pruning.settings import request_pruning, server_pruning
 from sglang_evs.pruning.stream_sessions import SESSION_STREAMS, session_turn
 from sglang_evs.pruning.streams import (
     STREAM_TURN,
-    TIMESTAMPED_MODEL_TYPES,
+    STREAMED_MODEL_TYPES,
     StreamTurn,
     attach_contexts,
     continuing_timestamps,
@@ -128,7 +128,7 @@ class PruningProcessor:
             refuse_unstreamable(self.hf_config.model_type, request_obj, on_device)
         in_session = session_turn(request_obj)
         session = in_session
-        if session is not None and (self.hf_config.model_type not in TIMESTAMPED_MODEL_TYPES or on_device):
+        if session is not None and (self.hf_config.model_type not in STREAMED_MODEL_TYPES or on_device):
             session = None  # no later turn of it can continue a stream here (`refuse_unstreamable`)
         turn = None
         if pruning.stream or session is not None:
@@ -143,6 +143,8 @@ class PruningProcessor:
         has_video = output is not None and any(item.is_video() for item in output.mm_items)
         segments = [item for item in output.mm_items if item.is_video()] if has_video else []
         if segments and pruning.stream and pruning.prunes:
+            output.mm_items = split_bundled_videos(output.mm_items)  # a segment per item (Qwen2-VL's come bundled)
+            segments = [item for item in output.mm_items if item.is_video()]
             attach_contexts(segments, turn.start)
         if has_video and pruning.follows_content:
             refuse_request_features_with_threshold(request_obj)
@@ -158,7 +160,7 @@ class PruningProcessor:
                 name = pruning.method.name
                 logger.debug("%s q=%s: video tokens %d -> %d", name, pruning.rate, video.before, video.after)
         if session is not None and segments:  # a later turn may continue its last video: recorded once it is accepted
-            end = stream_end(segments[-1], turn.frames, turn.fps)
+            end = stream_end(split_bundled_videos(segments[-1:])[-1], turn.frames, turn.fps)  # the last video's end
             SESSION_STREAMS.record_turn(getattr(request_obj, "rid", None), session, end)
         if trace.enabled() and output is not None:
             items = [item.hash for item in output.mm_items]

@@ -16,10 +16,16 @@ session's last one:
     threshold per group); its key folds their digest, so one segment after two different streams never shares
     cache entries.
 
+Served for the model types of `STREAMED_MODEL_TYPES`. Qwen3-VL and its kin (`TIMESTAMPED_MODEL_TYPES`: their
+processor writes timestamps from the sampled frames) get both. Qwen2.5-VL and Qwen2-VL (`UNTIMESTAMPED_MODEL_TYPES`)
+write no timestamps, and upstream's `get_rope_index` already places each of a request's videos after the one before
+it (absolute time for Qwen2.5-VL), as HF lays out several videos: for them a stream is the context-group pruning
+alone, at the positions HF gives the request's videos. Their videos of one request come bundled in one item, split
+per video before the contexts are attached (`regions.split_bundled_videos`).
+
 What a stream cannot change mid-way is refused, naming it: the fps (timestamps would not continue) and a segment's
-frame size (EVS compares the same cell across groups). Served for the families whose processor writes timestamps
-from the sampled frames (Qwen3-VL and its kin, `TIMESTAMPED_MODEL_TYPES`), over the CPU feature transport (a
-device handle's pixels are the scheduler's to read).
+frame size (EVS compares the same cell across groups); so are the other families and the device feature transport
+(a device handle's pixels are the scheduler's to read).
 """
 
 import hashlib
@@ -35,8 +41,13 @@ from sglang_evs.pruning.keys import is_device_handle
 from sglang_evs.served import serves
 
 # The model types whose SGLang processor hands the HF processor each video's sampled frame indices and fps, from
-# which Qwen3-VL's processor writes the timestamps (`QwenVLImageProcessor._process_mm_data_uncached`).
+# which Qwen3-VL's processor writes the timestamps (`QwenVLImageProcessor._process_mm_data_uncached`): a stream's
+# frame indices continue (`continuing_timestamps`).
 TIMESTAMPED_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "qwen4_exp"})
+# The model types that write no timestamps and whose `get_rope_index` places each video of a request after the one
+# before it: a stream is its context-group pruning alone.
+UNTIMESTAMPED_MODEL_TYPES = frozenset({"qwen2_5_vl", "qwen2_vl"})
+STREAMED_MODEL_TYPES = TIMESTAMPED_MODEL_TYPES | UNTIMESTAMPED_MODEL_TYPES
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,7 @@ class StreamEnd:
     """Where a stream's last segment ended: what its next segment continues from."""
 
     frames: int  # the frames up to the end of the last segment (the next one's frame indices count on from here)
-    fps: float
+    fps: float | None  # None where the family writes no timestamps (its processor reads no frame times)
     grid_hw: tuple[int, int]  # the segments' frame size, in patches
     patches: torch.Tensor | None  # [h * w, patch width] the last temporal group of patches; None once let go
 
@@ -71,10 +82,10 @@ STREAM_TURN: ContextVar[StreamTurn | None] = ContextVar("sglang_evs_stream_turn"
 def refuse_unstreamable(model_type: str, request_obj, transport_on_device: bool) -> None:
     """A `video_stream` request the server cannot serve as one stream: ValueError (HTTP 400) naming why. (One without
     a video is refused where every request passes, `refuse_streams_nothing_serves`.)"""
-    if model_type not in TIMESTAMPED_MODEL_TYPES:
+    if model_type not in STREAMED_MODEL_TYPES:
         raise ValueError(
-            f"{STREAM_SETTING}: served for the models whose timestamps follow their sampled frames "
-            f"({', '.join(sorted(TIMESTAMPED_MODEL_TYPES))}), not {model_type!r} yet"
+            f"{STREAM_SETTING}: served for the model types {', '.join(sorted(STREAMED_MODEL_TYPES))}, "
+            f"not {model_type!r} yet"
         )
     if transport_on_device:
         raise ValueError(
@@ -143,7 +154,7 @@ def attach_contexts(videos: list, start: StreamEnd | None = None) -> None:
             video.set(STREAM_CONTEXT, {"patches": previous.patches, "digest": digest})
 
 
-def stream_end(video, frames: int = 0, fps: float = 0.0) -> StreamEnd:
+def stream_end(video, frames: int = 0, fps: float | None = 0.0) -> StreamEnd:
     """Where a segment ends: its last temporal group of patches (a copy, on the CPU) and its frame size, with the
     stream's `frames` and `fps` so far. ValueError where its pixels are not readable here."""
     _, height, width = video_grid(video)

@@ -161,7 +161,7 @@ class VideoPrompt(NamedTuple):
     delta: int  # get_rope_index's decode offset of the unpruned prompt
     keep: torch.Tensor  # [T] bool: the rows the pruned prompt keeps
     is_pad: torch.Tensor  # [T] bool: the video's pads
-    deepstack: list[torch.Tensor]  # per level, the kept pads' rows
+    deepstack: list[torch.Tensor] | None  # per level, the kept pads' rows (None: a family without deepstack)
 
 
 @cache
@@ -196,22 +196,46 @@ def hf_video_prompt(
 
 
 @cache
-def hf_stream_prompt(
-    model_dir: Path, clips: tuple[Path, ...], q: float | None = None, threshold: float | None = None
-) -> VideoPrompt:
-    """``chat_prompt(VIDEO, ...)`` with ``clips`` as one stream's segments, laid out by transformers' processor and
-    Qwen3-VL as a `video_stream` request is served: each segment's frames sampled as SGLang samples them, its frame
-    indices counted on from the segments before (so its timestamps continue), and the rows the stream rule keeps
-    (`evs_oracle.stream_keep_masks`, on HF's features of the segments). Computed once per arguments."""
+def hf_model(model_dir: str):
+    """transformers' own model of a tiny checkpoint (`load_in_transformers`) and its processor, loaded once."""
+    from transformers import AutoProcessor
+
+    return load_in_transformers(model_dir), AutoProcessor.from_pretrained(model_dir)
+
+
+def sampled_frames(clip: Path):
+    """A clip's frames and metadata as SGLang samples them (`preprocess_video`)."""
     from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
     from sglang.srt.utils.common import load_video
 
-    from sglang_evs.testing.evs_oracle import stream_keep_masks
+    return asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
 
+
+class StreamInputs(NamedTuple):
+    """A stream's prompt as transformers lays it out unpruned, with its segments' rows from transformers' tower."""
+
+    model: object
+    ids: torch.Tensor  # [T] token ids
+    grid: torch.Tensor  # [segments, 3] (T, H, W) each
+    positions: torch.Tensor  # [3, 1, T] get_rope_index's
+    delta: int  # get_rope_index's decode offset
+    main: list[torch.Tensor]  # per segment, its rows
+    levels: list[list[torch.Tensor]] | None  # per deepstack level, per segment, its rows; None: no deepstack
+
+    def rows(self) -> list[torch.Tensor]:
+        """Per segment, the rows EVS scores: its main rows with its deepstack levels' as further columns."""
+        return [torch.cat([m, *(level[i] for level in self.levels or [])], dim=1) for i, m in enumerate(self.main)]
+
+
+@cache
+def hf_stream_inputs(model_dir: Path, clips: tuple[Path, ...]) -> StreamInputs:
+    """``chat_prompt(VIDEO, ...)`` with ``clips`` as one stream's segments, laid out by transformers' processor and
+    Qwen3-VL as a `video_stream` request is served: each segment's frames sampled as SGLang samples them, its frame
+    indices counted on from the segments before (so its timestamps continue). Computed once per arguments."""
     model, processor = hf(str(model_dir))
     videos, metadata, before = [], [], 0
     for clip in clips:
-        frames, meta = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+        frames, meta = sampled_frames(clip)
         videos.append(frames)
         metadata.append({**meta, "frames_indices": meta["frames_indices"] + before})
         before += int(meta["total_num_frames"])
@@ -219,31 +243,69 @@ def hf_stream_prompt(
     inputs = processor(text=[prompt], videos=videos, video_metadata=metadata, do_sample_frames=False,
                        return_tensors="pt")  # fmt: skip
     ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
-    cfg = model.config
     with torch.no_grad():
         positions, delta = model.model.get_rope_index(ids[None], inputs["mm_token_type_ids"], video_grid_thw=grid)
         feats = model.model.get_video_features(inputs["pixel_values_videos"], grid)
-        main = list(feats.pooler_output)
-        levels = [list(per_video) for per_video in feats.deepstack_features]
-        rows = [torch.cat([m, *(level[i] for level in levels)], dim=1) for i, m in enumerate(main)]
-        masks = stream_keep_masks(rows, grid.tolist(), cfg.vision_config.spatial_merge_size, q, threshold)
-        mask = torch.cat(masks)
-        is_pad = ids == cfg.video_token_id
-        keep = torch.ones_like(ids, dtype=torch.bool)
-        keep[is_pad] = mask
+    levels = [list(per_video) for per_video in feats.deepstack_features]
+    return StreamInputs(model, ids, grid, positions, int(delta), list(feats.pooler_output), levels)
+
+
+@cache
+def hf_untimestamped_stream_inputs(model_dir: Path, clips: tuple[Path, ...]) -> StreamInputs:
+    """``chat_prompt(VIDEO, ...)`` with ``clips`` as one stream's segments, as a `video_stream` request is served to a
+    family that writes no timestamps (Qwen2.5-VL, Qwen2-VL): each segment's frames sampled as SGLang samples them and
+    handed to transformers' processor as SGLang hands them (frames alone), the segments placed as transformers'
+    `get_rope_index` places a prompt's videos, each after the one before (with `second_per_grid_ts`: absolute time
+    for Qwen2.5-VL). No deepstack. Computed once per arguments."""
+    model, processor = hf_model(str(model_dir))
+    videos = [sampled_frames(clip)[0] for clip in clips]
+    inputs = processor(text=[chat_prompt(*[VIDEO] * len(clips))], videos=videos, return_tensors="pt")
+    ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
+    timing = {"second_per_grid_ts": inputs["second_per_grid_ts"]} if "second_per_grid_ts" in inputs else {}
+    with torch.no_grad():
+        positions, delta = model.model.get_rope_index(
+            ids[None], inputs["mm_token_type_ids"], video_grid_thw=grid, **timing
+        )
+        features = model.model.get_video_features(inputs["pixel_values_videos"], grid)
+    main = list(getattr(features, "pooler_output", features))
+    return StreamInputs(model, ids, grid, positions, int(delta), main, None)
+
+
+def stream_rule_masks(inputs: StreamInputs, q: float | None, threshold: float | None) -> list[torch.Tensor]:
+    """Per segment, the rows the stream rule keeps (`evs_oracle.stream_keep_masks`) on HF's rows of the segments."""
+    from sglang_evs.testing.evs_oracle import stream_keep_masks
+
+    merge = inputs.model.config.vision_config.spatial_merge_size
+    return stream_keep_masks(inputs.rows(), inputs.grid.tolist(), merge, q, threshold)
+
+
+def stream_video_prompt(inputs: StreamInputs, masks: Sequence[torch.Tensor]) -> VideoPrompt:
+    """The stream's prompt with each segment's rows at its pads, and the rows ``masks`` keep (per segment, [T*h*w])."""
+    model, ids = inputs.model, inputs.ids
+    mask = torch.cat(list(masks))
+    is_pad = ids == model.config.video_token_id
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    keep[is_pad] = mask
+    with torch.no_grad():
         embeds = model.model.language_model.embed_tokens(ids)
-        embeds[is_pad] = torch.cat(main)
-    deepstack = [torch.cat(level)[mask] for level in levels]
-    return VideoPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, deepstack)
+        embeds[is_pad] = torch.cat(inputs.main)
+    deepstack = None if inputs.levels is None else [torch.cat(level)[mask] for level in inputs.levels]
+    return VideoPrompt(model, ids, embeds, inputs.positions, inputs.delta, keep, is_pad, deepstack)
 
 
 def hf_stream_greedy(model_dir: Path, clips: tuple[Path, ...], q: float | None = None, threshold: float | None = None,
-                     steps: int = 8) -> HFReference:  # fmt: skip
-    """HF's greedy reply to a stream's prompt, the rule's kept rows at their unpruned positions (`hf_stream_prompt`)."""
-    prompt = hf_stream_prompt(model_dir, clips, q, threshold)
+                     steps: int = 8, layout=hf_stream_inputs,
+                     masks: Sequence[torch.Tensor] | None = None) -> HFReference:  # fmt: skip
+    """HF's greedy reply to a stream's prompt laid out by ``layout`` (`hf_stream_inputs`, Qwen3-VL's, its timestamps
+    continuing; `hf_untimestamped_stream_inputs`, Qwen2.5-VL's and Qwen2-VL's), the kept rows at their unpruned
+    positions: those of ``masks`` (per segment, [T*h*w] bool), by default the stream rule's
+    (`evs_oracle.stream_keep_masks`, an oracle written here, on HF's rows of the segments)."""
+    inputs = layout(model_dir, clips)
+    prompt = stream_video_prompt(inputs, stream_rule_masks(inputs, q, threshold) if masks is None else masks)
+    visual = None if prompt.deepstack is None else prompt.is_pad
     with torch.no_grad():
         return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions.clone(), prompt.delta, prompt.keep,
-                                 prompt.is_pad, steps, visual=prompt.is_pad, deepstack=prompt.deepstack)  # fmt: skip
+                                 prompt.is_pad, steps, visual=visual, deepstack=prompt.deepstack)  # fmt: skip
 
 
 def append_text(
@@ -372,6 +434,43 @@ def served_mask(trace_path: Path):
         return out
 
     return mask
+
+
+def served_stream_masks(events: Sequence[dict], inputs: StreamInputs) -> list[torch.Tensor]:
+    """The keep-masks a server decided for a stream's segments, from its `keep_mask` trace events (one per segment,
+    in the segments' order), each [T*h*w] bool as `inputs` counts the segment's rows."""
+    assert len(events) == len(inputs.main), f"{len(events)} keep-masks traced for {len(inputs.main)} segments"
+    masks = []
+    for event, rows in zip(events, inputs.main, strict=True):
+        mask = torch.zeros(rows.shape[0], dtype=torch.bool)
+        mask[event["kept"]] = True
+        masks.append(mask)
+    return masks
+
+
+def assert_stream_masks_agree_up_to_ties(served: Sequence[torch.Tensor], inputs: StreamInputs, q: float | None,
+                                         threshold: float | None, tie: float = MASK_TIE) -> None:  # fmt: skip
+    """A server's keep-masks of a stream's segments are the stream rule's on HF's rows (`stream_rule_masks`) except at
+    rows whose stream scores are within `tie` of the segment's cut (the threshold; at a rate, the lowest score the
+    rule keeps of the segment, whose count the server's must be): two encoders' roundings may rank those apart."""
+    from sglang_evs.testing.evs_oracle import scores as stream_scores
+
+    merge = inputs.model.config.vision_config.spatial_merge_size
+    grids = inputs.grid.tolist()
+    row_scores = stream_scores(torch.cat(inputs.rows()), (sum(g[0] for g in grids), *grids[0][1:]), merge)
+    start = 0
+    for index, (got, want) in enumerate(zip(served, stream_rule_masks(inputs, q, threshold), strict=True)):
+        segment = row_scores[start : start + want.numel()]
+        start += want.numel()
+        if threshold is None:
+            assert int(got.sum()) == int(want.sum()), (
+                f"segment {index} keeps {int(got.sum())}, the rule {int(want.sum())}"
+            )
+        cut = threshold if threshold is not None else min(segment[i] for i in want.nonzero().flatten().tolist())
+        for i in (got ^ want).nonzero().flatten().tolist():
+            assert abs(segment[i] - cut) < tie, (
+                f"segment {index}: the masks differ beyond ties at row {i} ({segment[i]:.4g})"
+            )
 
 
 def checked_mask(served_mask: Callable, seen: dict) -> Callable:
