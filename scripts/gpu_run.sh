@@ -8,7 +8,8 @@
 #      the tiny-model serve check (scripts/gpu_pack/serve_check.py: a video at q = 0.75), the graph check
 #      (scripts/gpu_graph_check.sh, where it exists) and the methods check (scripts/gpu_methods_check.sh);
 #      the `bench` step, in no default: one part of the TTFT benchmark (benchmark/bench_gpu_ttft.py, BENCH_PART
-#      1: per request, 2: under load) with what is left of the budget;
+#      1: per request, 2: under load) with what is left of the budget; the `stream` step, in no default either:
+#      the live-stream benchmark (benchmark/bench_stream.py --gpu);
 #   3. writes $OUT/report.md (pass/fail, seconds and figures of each step), $OUT/serve-check.json, the
 #      benchmarks' JSON (methods-bench-{2b,8b}.json; the TTFT benchmark's samples, gpu-ttft-part$BENCH_PART.jsonl,
 #      written as they are measured) and $OUT/logs.tar.gz (every step's log and report folder); OUT defaults to
@@ -17,6 +18,7 @@
 #   bash scripts/gpu_run.sh                  PYTHON: the machine's interpreter (python3)
 #   STEPS="install facts route" bash scripts/gpu_run.sh     only these steps (the CPU rehearsal's plumbing check)
 #   STEPS="install bench" BENCH_PART=1 CHECK_BUDGET_S=510 TOTAL_BUDGET_S=520 bash scripts/gpu_run.sh  (then part 2)
+#   STEPS="install stream" bash scripts/gpu_run.sh           the live-stream benchmark (benchmark/bench_stream.py --gpu)
 set -uo pipefail
 script_start=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -156,6 +158,16 @@ if wanted bench; then
     "s clips: TTFT q=0(\.75)?/upstream|: req/s q=0\.75/upstream" "$work/logs/bench.txt" | tr '\n|' '  ')"
   record bench "$step_result" "$step_seconds" "${figures:0:700}"
   mkdir -p "$work/logs/bench-report" && cp "$work"/bench/*.log "$work/logs/bench-report/" 2>/dev/null
+fi
+
+if wanted stream; then
+  # A live stream served turn by turn through a streaming session (benchmark/bench_stream.py --gpu): per-segment
+  # TTFT at q = 0, q = .75 and a threshold, side by side; its samples written as they are measured.
+  left=$(( deadline - $(date +%s) ))
+  run_step stream "$left" python benchmark/bench_stream.py --gpu --output "$work/stream/gpu-stream.json"
+  cp "$work"/stream/gpu-stream.json* "$out/" 2>/dev/null
+  figures="$(grep -hE "TTFT / TTFT" "$work/logs/stream.txt" | tr '\n|' '  ')"
+  record stream "$step_result" "$step_seconds" "${figures:0:700}"
 fi
 
 {
