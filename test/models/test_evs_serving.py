@@ -492,6 +492,13 @@ def segments(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     for kind in ("static", "noise"):
         frames = media.clip_frames(kind, num_frames=32, seed=21)
         made[kind] = tuple(media.write_mp4(out / f"{kind}-{i}.mp4", frames[16 * i : 16 * (i + 1)]) for i in (0, 1))
+    # a 2.5-s first segment (10 frames at 4 fps, not a whole number of 2-frame groups: SGLang's sampler takes 4 of
+    # them, rounding to the temporal patch, so no group is left part-filled), then a 4-s one
+    frames = media.clip_frames("noise", num_frames=26, seed=22)
+    made["uneven"] = (
+        media.write_mp4(out / "uneven-0.mp4", frames[:10]),
+        media.write_mp4(out / "uneven-1.mp4", frames[10:]),
+    )
     return made
 
 
@@ -512,21 +519,26 @@ def test_two_static_segments_as_one_stream_keep_what_one_segment_keeps_at_a_thre
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["noise", "uneven"])
 @pytest.mark.parametrize("setting", [{"video_pruning_rate": 0.5}, {"video_pruning_threshold": 0.9}], ids=["q.5", "t.9"])
 def test_a_stream_in_96_token_chunks_is_what_hf_gives_its_prompt_with_the_streams_mask(
-    evs_server, tiny_model_dir, segments, setting
+    evs_server, tiny_model_dir, segments, setting, kind
 ):
     """HF transformers given the stream's prompt as served (the second segment's timestamps counting on from the
     first's) with the rows the stream rule keeps, computed on the segments' rows concatenated; the server cuts each
-    segment across 96-token chunks. The second segment's count at a rate is its own, int(T * tpf * (1 - q))."""
+    segment across 96-token chunks. The second segment's count at a rate is its own, int(T * tpf * (1 - q)). A first
+    segment whose frames are not a whole number of temporal groups is served exactly too: sampled as SGLang samples
+    it, the next segment's timestamps counting on from its real frames."""
     from sglang_evs.testing.hf_reference import hf_stream_greedy
 
-    served = stream_request(evs_server, segments["noise"], **setting)
+    served = stream_request(evs_server, segments[kind], **setting)
     q, threshold = setting.get("video_pruning_rate"), setting.get("video_pruning_threshold")
-    reference = hf_stream_greedy(tiny_model_dir, segments["noise"], q, threshold)
+    reference = hf_stream_greedy(tiny_model_dir, segments[kind], q, threshold)
     assert_matches_hf(served, reference)
-    if q is not None:
+    if q is not None and kind == "noise":
         assert served.meta["video_tokens_after_pruning"] == evs_count(q) + int(GROUPS * TOKENS_PER_GROUP * (1 - q))
+    if kind == "uneven":  # 2 groups, then 4
+        assert served.meta["video_tokens_before_pruning"] == (2 + GROUPS) * TOKENS_PER_GROUP
 
 
 @pytest.mark.parametrize(
