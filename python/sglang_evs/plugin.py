@@ -5,6 +5,7 @@ detokenizer and the DP controller, in the scheduler before its logging is
 configured; the announcement therefore goes through a handler of our own.
 """
 
+import functools
 import logging
 import os
 import sys
@@ -83,8 +84,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("resolve_model_cls"), registry.resolve_model_cls_around, around)
     register(sglang.hook_target("import_processors"), register_processors, after)
     register(sglang.hook_target("compute_mm_token_counts"), count_kept_video_tokens, around)
-    register(sglang.hook_target("handle_batch_output"), _add_usage_to_meta_info, around)
-    register(sglang.hook_target("handle_batch_output"), stream_sessions.commit_finished_turns, around)
+    register(sglang.hook_target("handle_batch_output"), _on_batch_output, around)
     register(sglang.hook_target("open_session"), stream_sessions.note_streaming_session, around)
     register(sglang.hook_target("close_session"), stream_sessions.forget_closed_session, around)
     register(sglang.hook_target("key_media_item"), keys.fold_deferred_key, around)
@@ -336,7 +336,11 @@ def count_kept_video_tokens(upstream, mm_inputs):
     return image, audio, video
 
 
-async def _add_usage_to_meta_info(upstream, *args, **kwargs):
+async def _on_batch_output(upstream, *args, **kwargs):
+    """AROUND hook on `TokenizerManager._handle_batch_output`, one for both concerns (SGLang warns of two AROUND
+    hooks on one target): a session's finished turns recorded (`stream_sessions`), then each output given its
+    request's pruning counts (`usage`)."""
+    from sglang_evs.pruning.stream_sessions import commit_finished_turns
     from sglang_evs.pruning.usage import add_usage_to_meta_info
 
-    return await add_usage_to_meta_info(upstream, *args, **kwargs)
+    return await commit_finished_turns(functools.partial(add_usage_to_meta_info, upstream), *args, **kwargs)

@@ -92,3 +92,32 @@ def test_a_cpu_server_forks_its_scheduler_and_detokenizer(tiny_server):
     line = "Ignore import error when loading sglang.srt.models.grok"
     imported_before_the_fork = os.environ.get(COLD_START_ENV) != "1"
     assert tiny_server.log().count(line) == (0 if imported_before_the_fork else 1), tiny_server.log()[-3000:]
+
+
+def fake_sgl_kernel(root, ops: str):
+    """An `sgl_kernel` package under `root` with its ops file at `ops` (a CUDA build's `sm100/common_ops...`, a CPU
+    build's `common_ops...`)."""
+    package = root / "sgl_kernel"
+    (package / ops).parent.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    (package / ops).write_text("")
+
+
+def test_a_cuda_build_of_sgl_kernel_without_the_cuda_driver_is_stood_in_for_and_a_cpu_build_is_not(
+    tmp_path, monkeypatch
+):
+    """SGLang's own requirements bring sglang-kernel's CUDA build: on a machine without the CUDA driver it cannot
+    load, so the CPU route stands in for it as where it is absent; with the driver, or as a CPU build, it is real."""
+    from sglang_evs.runtime import import_fixes
+
+    cuda, cpu = tmp_path / "cuda", tmp_path / "cpu"
+    fake_sgl_kernel(cuda, "sm100/common_ops.abi3.so")
+    fake_sgl_kernel(cpu, "common_ops.abi3.so")
+    finders = [finder for finder in sys.meta_path if not isinstance(finder, import_fixes.CpuImportFixes)]
+    for root, driver, real in ((cuda, False, False), (cuda, True, True), (cpu, False, True)):
+        monkeypatch.setattr(sys, "meta_path", finders)  # as at interpreter start, before the route's own finder
+        monkeypatch.setattr(sys, "path", [str(root), *sys.path])
+        monkeypatch.setattr(import_fixes, "_cuda_driver", lambda driver=driver: driver)
+        sys.modules.pop("sgl_kernel", None)
+        assert import_fixes.sgl_kernel_installed() is real, (root.name, driver)
+        monkeypatch.undo()

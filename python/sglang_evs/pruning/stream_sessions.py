@@ -171,9 +171,9 @@ SESSION_STREAMS = SessionStreams()
 
 
 async def commit_finished_turns(upstream, manager, recv_obj, *args, **kwargs):
-    """AROUND hook on `TokenizerManager._handle_batch_output`: each session turn that finished (on a model the plugin
-    serves) is its session's last turn, and where it had a video, its session's end; one aborted leaves the session
-    as it was."""
+    """AROUND hook on `TokenizerManager._handle_batch_output` (through `plugin._on_batch_output`): each session turn
+    that finished (on a model the plugin serves) is its session's last turn, and where it had a video, its session's
+    end; one aborted leaves the session as it was."""
     if serves(manager.model_config.hf_config):
         for index, (rid, reason) in enumerate(zip(recv_obj.rids, recv_obj.finished_reasons, strict=False)):
             state = manager.rid_to_state.get(rid) if reason is not None else None

@@ -1,7 +1,8 @@
 """A meta-path finder that applies the CPU fixes lazily, at the import that needs them.
 
 1. `sgl_kernel`: no CPU build is on PyPI; serve the stand-in `sgl_kernel_cpu`,
-   and `sgl_kernel.mamba` as `sgl_kernel_mamba` (Qwen3.5's Gated DeltaNet).
+   and `sgl_kernel.mamba` as `sgl_kernel_mamba` (Qwen3.5's Gated DeltaNet). Also where PyPI's CUDA build is
+   installed (a GPU user's install, run on a CPU machine): with no CUDA driver it cannot load.
 2. `torchvision`: PyPI's wheel is a CUDA build whose `_C.so` fails to load on
    CPU torch; its meta registrations then die on the missing `torchvision::nms`
    (this also breaks `import transformers` models). After torchvision tried to
@@ -45,6 +46,7 @@
     `LoRAManager` gets a `Tensor.pin_memory` that returns the tensor itself.
 """
 
+import ctypes
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -52,6 +54,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 
 from sglang_evs.runtime import graph_mode
@@ -231,11 +234,28 @@ class CpuImportFixes(importlib.abc.MetaPathFinder):
 
 
 def sgl_kernel_installed() -> bool:
-    """Whether a real `sgl_kernel` is importable (then neither route stands in for it)."""
+    """Whether a real `sgl_kernel` that can load here is installed (then neither route stands in for it). A CUDA
+    build on a machine without the CUDA driver (SGLang's own GPU requirements, run on a CPU) cannot."""
     try:
-        return importlib.util.find_spec("sgl_kernel") is not None
+        spec = importlib.util.find_spec("sgl_kernel")
     except (ImportError, ValueError):
         return False
+    return spec is not None and not (_cuda_build(spec) and not _cuda_driver())
+
+
+def _cuda_build(spec: importlib.machinery.ModuleSpec) -> bool:
+    """Whether the `sgl_kernel` found is a CUDA build: its ops kept per GPU architecture (`sm90/common_ops...`), as
+    its own loader looks for them, none at the package's top (where a CPU build keeps them)."""
+    folder = Path(spec.origin).parent if spec.origin else None
+    return folder is not None and not any(folder.glob("common_ops*")) and any(folder.glob("sm*/common_ops*"))
+
+
+def _cuda_driver() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def spec_then(
