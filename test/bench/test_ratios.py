@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 
+from sglang_evs.bench import ratios
 from sglang_evs.bench.ratios import geometric_interval, median_interval
 
 
@@ -53,3 +54,17 @@ def test_the_geometric_interval_is_students_t_interval_of_the_log_ratios(pairs):
 def test_equal_ratios_have_a_point_interval_and_one_pair_none():
     assert geometric_interval([1.25] * 4)["low"] == pytest.approx(1.25) == geometric_interval([1.25] * 4)["high"]
     assert geometric_interval([1.25])["low"] is None
+
+
+@pytest.mark.parametrize("ttfts", [[100.0, 120.0], [80.0, 95.0, 130.0, 101.0, 99.0, 140.0, 88.0, 91.0] * 4])
+def test_a_runs_ttft_interval_is_students_t_interval_of_its_mean(ttfts):
+    """From what bench_serving reports (the mean, numpy's standard deviation, the count): scipy's t interval of the
+    mean of the per-request TTFTs; the plots draw it as error bars."""
+    import numpy as np
+    from scipy import stats
+
+    record = {"completed": len(ttfts), "mean_ttft_ms": float(np.mean(ttfts)), "std_ttft_ms": float(np.std(ttfts)),
+              "median_ttft_ms": 0.0, "request_throughput": 1.0, "mean_tpot_ms": 1.0}  # fmt: skip
+    low, high = stats.t.interval(0.95, len(ttfts) - 1, loc=np.mean(ttfts), scale=stats.sem(ttfts))
+    assert ratios.summarize_bench(record)["ttft_half_width_ms"] == pytest.approx((high - low) / 2, rel=1e-9)
+    assert math.isnan(ratios.mean_half_width(5.0, 1))

@@ -11,12 +11,23 @@ def summarize_bench(record: dict) -> dict:
     return {
         "completed": record["completed"],
         "mean_ttft_ms": record["mean_ttft_ms"],
+        "ttft_half_width_ms": mean_half_width(record.get("std_ttft_ms", float("nan")), record["completed"]),
         "median_ttft_ms": record["median_ttft_ms"],
         "p99_ttft_ms": record.get("p99_ttft_ms", float("nan")),
         "request_throughput": record["request_throughput"],
         "mean_tpot_ms": record["mean_tpot_ms"],
         "mean_prompt_tokens": statistics.fmean(ok) if ok else float("nan"),
     }
+
+
+def mean_half_width(std: float, count: int) -> float:
+    """The half-width of the 95 % Student's t interval of a mean of `count` values whose standard deviation is `std`
+    as bench_serving reports it (numpy's, over the values themselves: ddof 0); nan below two values."""
+    from scipy import stats
+
+    if count < 2:
+        return float("nan")
+    return float(stats.t.ppf(0.975, count - 1) * std / math.sqrt(count - 1))
 
 
 def encoder_ms(video_ttft0_ms: float, prefill0_ms: float) -> float:

@@ -1,11 +1,12 @@
 """What a benchmark run prints and plots."""
 
+import math
 from pathlib import Path
 
 
 def plot_sweep(result: dict, path: Path) -> Path:
-    """PNG: mean video TTFT (measured, ideal) against prompt tokens, and prompt tokens against the
-    pruning rate, one line per method (each starts at the shared q = 0 point)."""
+    """PNG: mean video TTFT (measured, with its 95 % interval as error bars; ideal) against prompt tokens, and prompt
+    tokens against the pruning rate, one line per method (each starts at the shared q = 0 point)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -17,7 +18,8 @@ def plot_sweep(result: dict, path: Path) -> Path:
     for method in result.get("methods", ["evs"]):
         line = [base, *(r for r in rows if r["method"] == method)]
         tokens = [r["video"]["mean_prompt_tokens"] for r in line]
-        ax_t.plot(tokens, [r["video"]["mean_ttft_ms"] for r in line], "o-", label=f"{method}: measured")
+        ax_t.errorbar(tokens, [r["video"]["mean_ttft_ms"] for r in line], yerr=half_widths(line), fmt="o-", capsize=3,
+                      label=f"{method}: measured (95 % interval)")  # fmt: skip
         ax_t.plot(tokens, [r["ideal_ttft_ms"] for r in line], "--", label=f"{method}: ideal E + P(tokens)")
         ax_n.plot([r["rate"] for r in line], tokens, "o-", label=f"{method}: server-reported")
     ax_t.set(xlabel="prompt tokens per video request (kept tokens + text)", ylabel="mean TTFT (ms)",
@@ -35,8 +37,8 @@ def plot_sweep(result: dict, path: Path) -> Path:
 
 
 def plot_lengths(result: dict, path: Path) -> Path:
-    """PNG: mean video TTFT (measured, and the ideal dashed) and prompt tokens against clip length,
-    one line per pruning rate, log-log."""
+    """PNG: mean video TTFT (measured, with its 95 % interval as error bars, and the ideal dashed) and prompt tokens
+    against clip length, one line per pruning rate, log-log."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +48,8 @@ def plot_lengths(result: dict, path: Path) -> Path:
     for i, rate in enumerate(result["rates"]):
         rows = [r for r in result["rows"] if r["rate"] == rate]
         seconds, color = [r["seconds"] for r in rows], f"C{i}"
-        ax_t.plot(seconds, [r["video"]["mean_ttft_ms"] / 1000 for r in rows], "o-", color=color, label=f"q = {rate}")
+        ax_t.errorbar(seconds, [r["video"]["mean_ttft_ms"] / 1000 for r in rows], yerr=half_widths(rows, 1000),
+                      fmt="o-", color=color, capsize=3, label=f"q = {rate}")  # fmt: skip
         if rate:
             ax_t.plot(seconds, [r["ideal_ttft_ms"] / 1000 for r in rows], "--", color=color, alpha=0.6,
                       label=f"q = {rate}: ideal E + P(tokens)")  # fmt: skip
@@ -64,6 +67,13 @@ def plot_lengths(result: dict, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def half_widths(rows: list[dict], unit: float = 1.0) -> list[float]:
+    """Each row's video TTFT interval half-width (`ratios.mean_half_width`) in `unit`s of ms; 0 where a run had none
+    (a record from before it was kept)."""
+    widths = [row["video"].get("ttft_half_width_ms", float("nan")) / unit for row in rows]
+    return [0.0 if math.isnan(width) else width for width in widths]
 
 
 def interval_text(ratio: dict) -> str:
