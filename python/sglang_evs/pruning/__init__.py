@@ -16,6 +16,8 @@ Tokenizer process:
                       the tokenizer never hashes pixels for it
   streams.py          a request's videos as one stream's segments (`video_stream`): timestamps that continue, and
                       each continued segment's context (the stream's group before it) for the model to score it by
+  stream_sessions.py  what the tokenizer keeps per session: where its last video ended (a later turn's stream goes
+                      on from it), committed when a turn finishes, bounded, dropped on close; its turns' lengths
   usage.py            per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
   admission.py        a threshold's videos encoded as the scheduler receives the request, the prompt laid out
