@@ -10,8 +10,10 @@ forwards a chat request's `chat_template_kwargs`, where the plugin also reads a 
 from contextlib import ExitStack
 
 import pytest
+import requests
 
 from sglang_evs.testing import media, workload
+from sglang_evs.testing.media import TOKENS_PER_GROUP
 from sglang_evs.testing.requests import (
     VIDEO,
     chat_prompt,
@@ -110,3 +112,26 @@ def test_router_drops_a_per_request_rate_and_the_workers_default_applies(cluster
     assert direct.meta["video_pruning_rate"] == 0.75
     assert routed.meta["video_pruning_rate"] == SERVER_RATE
     assert routed.prompt_tokens > direct.prompt_tokens
+
+
+def test_a_stream_marked_in_a_chat_request_through_the_router_is_pruned_as_one_video(cluster, tmp_path):
+    """`video_stream` in `chat_template_kwargs`, the field the router forwards: two static segments through the
+    router keep one frame group, as the same stream sent to a worker directly; unmarked, one group per segment."""
+    router, workers = cluster
+    frames = media.clip_frames("static", num_frames=32, seed=21)
+    segments = [media.write_mp4(tmp_path / f"static-{i}.mp4", frames[16 * i : 16 * (i + 1)]) for i in (0, 1)]
+
+    def chat(base_url: str, **settings) -> dict:
+        content = [*({"type": "video_url", "video_url": {"url": f"file://{s}"}} for s in segments),
+                   {"type": "text", "text": "What changes?"}]  # fmt: skip
+        body = {"model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": 2,
+                "temperature": 0, "chat_template_kwargs": {"video_pruning_threshold": 0.05, **settings}}  # fmt: skip
+        response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=300)
+        response.raise_for_status()
+        return response.json()["usage"]
+
+    streamed, direct, apart = chat(router.base_url, video_stream=True), chat(workers[0].base_url, video_stream=True), \
+        chat(router.base_url)  # fmt: skip
+    assert streamed["prompt_tokens"] == direct["prompt_tokens"]
+    assert streamed["prompt_tokens_details"]["video_tokens"] == TOKENS_PER_GROUP
+    assert apart["prompt_tokens_details"]["video_tokens"] == 2 * TOKENS_PER_GROUP
