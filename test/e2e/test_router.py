@@ -130,8 +130,8 @@ def test_a_stream_marked_in_a_chat_request_through_the_router_is_pruned_as_one_v
         response.raise_for_status()
         return response.json()["usage"]
 
-    streamed, direct, apart = chat(router.base_url, video_stream=True), chat(workers[0].base_url, video_stream=True), \
-        chat(router.base_url)  # fmt: skip
+    streamed, apart = chat(router.base_url, video_stream=True), chat(router.base_url)
+    direct = chat(workers[0].base_url, video_stream=True)
     assert streamed["prompt_tokens"] == direct["prompt_tokens"]
     assert streamed["prompt_tokens_details"]["video_tokens"] == TOKENS_PER_GROUP
     assert apart["prompt_tokens_details"]["video_tokens"] == 2 * TOKENS_PER_GROUP
