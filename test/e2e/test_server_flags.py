@@ -24,6 +24,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
 from sglang_evs import trace
 from sglang_evs.testing import media
@@ -32,11 +33,13 @@ from sglang_evs.testing.requests import (
     IMAGE,
     VIDEO,
     chat_prompt,
+    close_session,
     counter_increase,
     flush_cache,
     generate,
     logprob_gap,
     media_kwargs,
+    open_session,
     per_request_rate,
     pruning_metrics,
 )
@@ -133,6 +136,16 @@ def processing_pids_since(trace_path, offset: int) -> set[int]:
         return {event["pid"] for event in map(json.loads, lines) if event["event"] == "processed"}
 
 
+def stream_turn_in_a_session(base_url: str, clip) -> requests.Response:
+    session = open_session(base_url, streaming=False)
+    body = {"text": chat_prompt(VIDEO), "video_data": [str(clip)], "session_params": {"id": session},
+            "mm_processor_kwargs": {"video_stream": True}, "sampling_params": {"max_new_tokens": 1}}  # fmt: skip
+    try:
+        return requests.post(f"{base_url}/generate", json=body, timeout=120)
+    finally:
+        close_session(base_url, session)
+
+
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, clips, tmp_path_factory):
     folder = tmp_path_factory.mktemp("server_flags")
@@ -156,6 +169,7 @@ def served(tiny_model_dir, clips, tmp_path_factory):
                 out["burst"] += burst(server.base_url, clips, 0.75)
             out["counted"] = counter_increase(before, pruning_metrics(server.base_url))
             out["burst workers"] = processing_pids_since(out["trace"], offset)
+            out["stream in a session"] = stream_turn_in_a_session(server.base_url, clips["moving"])
 
     with running_servers(*launches) as servers, ThreadPoolExecutor(len(servers)) as pool:
         # each server serves its requests in order, the three at once
@@ -225,3 +239,9 @@ def test_every_tokenizer_worker_counts_what_it_pruned(served):
         "video_tokens_after_pruning": len(replies) * alone["video_tokens_after_pruning"],
         "pruned_videos": len(replies),
     }
+
+
+def test_a_stream_in_a_session_across_tokenizer_workers_gets_400_naming_the_flag(served):
+    """Each tokenizer worker keeps its own sessions' streams, and a session's turns may reach either."""
+    response = served["stream in a session"]
+    assert response.status_code == 400 and "serve with --tokenizer-worker-num 1" in response.text, response.text

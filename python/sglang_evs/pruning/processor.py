@@ -14,6 +14,7 @@ import time
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
+from sglang_evs.methods import STREAM_SETTING
 from sglang_evs.pruning.encoder_records import RECORDS, lay_out_pruned
 from sglang_evs.pruning.refusals import (
     conflicting_setup,
@@ -74,6 +75,7 @@ class PruningProcessor:
         self.conflict = conflicting_setup(server_args, hf_config)
         self.rate_only = rate_only_setup(server_args)
         self.content_unreached = content_unreached_setup(server_args)
+        self.tokenizer_workers = int(getattr(server_args, "tokenizer_worker_num", 1) or 1)
         refuse_unsupported(self.pruning, self.conflict, self.rate_only, self.content_unreached)
         logging.getLogger("sglang_evs").info(
             "sglang-evs: %s processor with video pruning, default video_pruning_method=%s %s",
@@ -131,6 +133,11 @@ class PruningProcessor:
         if session is not None and (self.hf_config.model_type not in STREAMED_MODEL_TYPES or on_device):
             session = None  # no later turn of it can continue a stream here (`refuse_unstreamable`)
         turn = None
+        if pruning.stream and in_session is not None and self.tokenizer_workers > 1:
+            raise ValueError(
+                f"{STREAM_SETTING} in a session: each of the server's {self.tokenizer_workers} tokenizer workers "
+                "keeps its own sessions' streams, and a turn may reach another; serve with --tokenizer-worker-num 1"
+            )
         if pruning.stream or session is not None:
             continued = SESSION_STREAMS.continued_end(session) if pruning.stream and session is not None else None
             turn = StreamTurn(continues=pruning.stream, start=continued)
