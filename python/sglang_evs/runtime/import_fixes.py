@@ -246,7 +246,8 @@ def sgl_kernel_installed() -> bool:
 def _cuda_build(spec: importlib.machinery.ModuleSpec) -> bool:
     """Whether the `sgl_kernel` found is a CUDA build: its ops kept per GPU architecture (`sm90/common_ops...`), as
     its own loader looks for them, none at the package's top (where a CPU build keeps them)."""
-    folder = Path(spec.origin).parent if spec.origin else None
+    origin = getattr(spec, "origin", None)
+    folder = Path(origin).parent if origin else None
     return folder is not None and not any(folder.glob("common_ops*")) and any(folder.glob("sm*/common_ops*"))
 
 
