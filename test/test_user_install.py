@@ -46,9 +46,15 @@ def build_wheel(source: Path, out: Path) -> Path:
     return wheel
 
 
+# What pip says when the registry cannot be reached or does not hold a release: the install cannot be made here
+UNREACHABLE = ("No matching distribution found", "Could not find a version", "NewConnectionError", "Max retries")
+
+
 def pip(python: Path, *args: str, timeout: float = 1800) -> None:
     done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
+    if done.returncode != 0 and any(sign in done.stderr for sign in UNREACHABLE):
+        pytest.skip(f"the registry cannot give this install here: {done.stderr.strip()[-500:]}")
     assert done.returncode == 0, done.stderr[-3000:]
 
 
