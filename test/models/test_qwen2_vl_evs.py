@@ -5,8 +5,6 @@ upstream's own `get_rope_index` (absolute time for Qwen2.5-VL). The same guarant
 Qwen3-VL: exact counts, an HF oracle, chunked prefill and radix hits, mixed media.
 """
 
-import asyncio
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,9 @@ from sglang_evs.testing.hf_reference import (
     assert_masks_agree_up_to_ties,
     assert_matches_hf,
     checked_mask,
+    hf,
     hf_greedy_on_kept,
+    sampled_frames,
     served_mask,
     unseen_clip,
 )
@@ -162,14 +162,6 @@ def test_chunked_prefill_and_radix_hits_equal_single_chunk(served, clips, media_
 # --- the independent oracle: HF transformers' model given the kept tokens at the reference positions
 
 
-@cache
-def hf(model_dir: str):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return model, AutoProcessor.from_pretrained(model_dir)
-
-
 def hf_pruned_greedy(
     model_dir: Path, clip: Path, q: float, steps: int = 8, mask_oracle=keep_mask, shift_text_back: bool = False,
     shift_from_video: int = 0,
@@ -179,11 +171,8 @@ def hf_pruned_greedy(
     Two controls: ``shift_text_back``, the text after the video moved back by the pruned count, as a
     rule that renumbers the compacted sequence would place it; ``shift_from_video``, every token from
     the video's first pad on (generated ones too) moved by that many positions (a one-position error)."""
-    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
-    from sglang.srt.utils.common import load_video
-
     model, processor = hf(str(model_dir))
-    frames, _ = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+    frames, _ = sampled_frames(clip)
     inputs = processor(text=[chat_prompt(VIDEO)], videos=[frames], return_tensors="pt")  # as SGLang calls it
     ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
     with torch.no_grad():

@@ -40,11 +40,19 @@ def load_in_transformers(model_dir: str | Path, dtype: str = "float32"):
 
 @cache
 def hf(model_dir: str):
-    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+    """transformers' own model of a tiny checkpoint (`load_in_transformers`, any family) and its processor, loaded
+    once."""
+    from transformers import AutoProcessor
 
-    return Qwen3VLForConditionalGeneration.from_pretrained(
-        model_dir, dtype=torch.float32
-    ).eval(), AutoProcessor.from_pretrained(model_dir)
+    return load_in_transformers(model_dir), AutoProcessor.from_pretrained(model_dir)
+
+
+def sampled_frames(clip: Path):
+    """A clip's frames and metadata as SGLang samples them (`preprocess_video`)."""
+    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
+    from sglang.srt.utils.common import load_video
+
+    return asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
 
 
 class HFReference(NamedTuple):
@@ -171,11 +179,8 @@ def hf_video_prompt(
     """``prompt`` (one VIDEO placeholder, the same text the server gets) with ``clip``, laid out by
     transformers' processor and Qwen3-VL, with `keep_mask(rows, grid, m, q)` applied to the video's pads.
     Computed once per arguments (a clip is written once per test run): the tensors are not to be changed."""
-    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
-    from sglang.srt.utils.common import load_video
-
     model, processor = hf(str(model_dir))
-    frames, metadata = asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
+    frames, metadata = sampled_frames(clip)
     inputs = processor(
         text=[prompt], videos=[frames], video_metadata=[metadata], do_sample_frames=False, return_tensors="pt"
     )
@@ -193,22 +198,6 @@ def hf_video_prompt(
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_pad] = main
     return VideoPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
-
-
-@cache
-def hf_model(model_dir: str):
-    """transformers' own model of a tiny checkpoint (`load_in_transformers`) and its processor, loaded once."""
-    from transformers import AutoProcessor
-
-    return load_in_transformers(model_dir), AutoProcessor.from_pretrained(model_dir)
-
-
-def sampled_frames(clip: Path):
-    """A clip's frames and metadata as SGLang samples them (`preprocess_video`)."""
-    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
-    from sglang.srt.utils.common import load_video
-
-    return asyncio.run(preprocess_video(load_video(str(clip), use_gpu=False)))
 
 
 class StreamInputs(NamedTuple):
@@ -257,7 +246,7 @@ def hf_untimestamped_stream_inputs(model_dir: Path, clips: tuple[Path, ...]) -> 
     handed to transformers' processor as SGLang hands them (frames alone), the segments placed as transformers'
     `get_rope_index` places a prompt's videos, each after the one before (with `second_per_grid_ts`: absolute time
     for Qwen2.5-VL). No deepstack. Computed once per arguments."""
-    model, processor = hf_model(str(model_dir))
+    model, processor = hf(str(model_dir))
     videos = [sampled_frames(clip)[0] for clip in clips]
     inputs = processor(text=[chat_prompt(*[VIDEO] * len(clips))], videos=videos, return_tensors="pt")
     ids, grid = inputs["input_ids"][0], inputs["video_grid_thw"]
@@ -373,13 +362,8 @@ def rule_positions(model_dir: str, clip: str, kept: tuple[int, ...]) -> tuple[to
     """The video prompt's kept tokens at the positions transformers' `get_rope_index` gives them in the
     unpruned sequence ([3, kept tokens]), and the offset of every later token (its position minus its
     index in the pruned sequence: the unpruned delta plus the pruned count)."""
-    from sglang.srt.multimodal.processors.qwen_vl import preprocess_video
-    from sglang.srt.utils.common import load_video
-    from transformers import AutoProcessor
-
-    model = load_in_transformers(model_dir)
-    processor = AutoProcessor.from_pretrained(model_dir)
-    frames, metadata = asyncio.run(preprocess_video(load_video(clip, use_gpu=False)))
+    model, processor = hf(str(model_dir))
+    frames, metadata = sampled_frames(clip)
     inputs = processor(text=[chat_prompt(VIDEO)], videos=[frames], video_metadata=[metadata],
                        do_sample_frames=False, return_tensors="pt")  # fmt: skip
     ids = inputs["input_ids"][0]
