@@ -116,6 +116,14 @@ def test_what_a_server_cannot_serve_as_one_stream_yet_is_refused_by_name(model_t
         streams.refuse_unstreamable(model_type, SimpleNamespace(**fields), on_device)
 
 
+def test_a_stream_in_a_session_across_tokenizer_workers_is_refused_by_name():
+    turn = SimpleNamespace(video_data=["a.mp4"], session_params={"id": "s"})
+    with pytest.raises(ValueError, match="serve with --tokenizer-worker-num 1"):
+        streams.refuse_unstreamable("qwen3_vl", turn, False, tokenizer_workers=2)
+    streams.refuse_unstreamable("qwen3_vl", turn, False, tokenizer_workers=1)
+    streams.refuse_unstreamable("qwen3_vl", SimpleNamespace(video_data=["a.mp4"]), False, tokenizer_workers=2)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen3_5", "qwen4_exp", "qwen2_5_vl", "qwen2_vl"])
 def test_the_timestamped_families_and_those_that_place_each_video_after_the_last_are_served(model_type):
     streams.refuse_unstreamable(model_type, SimpleNamespace(video_data=["a.mp4"]), False)

@@ -14,7 +14,6 @@ import time
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs import trace
-from sglang_evs.methods import STREAM_SETTING
 from sglang_evs.pruning.encoder_records import RECORDS, lay_out_pruned
 from sglang_evs.pruning.refusals import (
     conflicting_setup,
@@ -127,17 +126,11 @@ class PruningProcessor:
         refuse_unsupported(pruning, self.conflict, self.rate_only, self.content_unreached)
         on_device = bool(getattr(self, "keep_mm_features_on_device", False))
         if pruning.stream:
-            refuse_unstreamable(self.hf_config.model_type, request_obj, on_device)
+            refuse_unstreamable(self.hf_config.model_type, request_obj, on_device, self.tokenizer_workers)
         in_session = session_turn(request_obj)
-        session = in_session
-        if session is not None and (self.hf_config.model_type not in STREAMED_MODEL_TYPES or on_device):
-            session = None  # no later turn of it can continue a stream here (`refuse_unstreamable`)
+        streamable = self.hf_config.model_type in STREAMED_MODEL_TYPES and not on_device
+        session = in_session if streamable else None  # a session whose later turns may continue its stream
         turn = None
-        if pruning.stream and in_session is not None and self.tokenizer_workers > 1:
-            raise ValueError(
-                f"{STREAM_SETTING} in a session: each of the server's {self.tokenizer_workers} tokenizer workers "
-                "keeps its own sessions' streams, and a turn may reach another; serve with --tokenizer-worker-num 1"
-            )
         if pruning.stream or session is not None:
             continued = SESSION_STREAMS.continued_end(session) if pruning.stream and session is not None else None
             turn = StreamTurn(continues=pruning.stream, start=continued)

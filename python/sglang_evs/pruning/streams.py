@@ -79,13 +79,18 @@ class StreamTurn:
 STREAM_TURN: ContextVar[StreamTurn | None] = ContextVar("sglang_evs_stream_turn", default=None)
 
 
-def refuse_unstreamable(model_type: str, request_obj, transport_on_device: bool) -> None:
+def refuse_unstreamable(model_type: str, request_obj, transport_on_device: bool, tokenizer_workers: int = 1) -> None:
     """A `video_stream` request the server cannot serve as one stream: ValueError (HTTP 400) naming why. (One without
     a video is refused where every request passes, `refuse_streams_nothing_serves`.)"""
     if model_type not in STREAMED_MODEL_TYPES:
         raise ValueError(
             f"{STREAM_SETTING}: served for the model types {', '.join(sorted(STREAMED_MODEL_TYPES))}, "
             f"not {model_type!r} yet"
+        )
+    if getattr(request_obj, "session_params", None) and tokenizer_workers > 1:
+        raise ValueError(
+            f"{STREAM_SETTING} in a session: each of the server's {tokenizer_workers} tokenizer workers keeps its own "
+            "sessions' streams, and a turn may reach another; serve with --tokenizer-worker-num 1"
         )
     if transport_on_device:
         raise ValueError(
