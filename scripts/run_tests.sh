@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 source scripts/cpu_env.sh
+# Python's own bytecode cache, even where the machine turns it off: otherwise every interpreter and server the
+# suite starts compiles the plugin again, and pytest rewrites every test module's asserts at each collection.
+unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff check python test benchmark scripts setup.py
 case "${1:-}" in
   --quick) shift; set -- -m "not slow and not rehearsal" "$@" ;;

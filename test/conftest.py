@@ -186,3 +186,34 @@ def pytest_configure(config):
         raise pytest.UsageError("run the CPU tests through scripts/run_tests.sh (it sets the CPU environment)")
     if cpu_route and gpu_run:
         raise pytest.UsageError("GPU tests run without the CPU environment: do not source scripts/cpu_env.sh")
+    if cpu_route and _runs_a_tier(config):
+        _prestart_warm_interpreters()
+
+
+def _runs_a_tier(config) -> bool:
+    """Whether this session runs the whole test folder (a tier of scripts/run_tests.sh), not chosen modules."""
+    chosen = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    return all(path == REPO / "test" for path in chosen) and not config.option.collectonly
+
+
+def _prestart_warm_interpreters() -> None:
+    """A tier starts servers of both kinds, eager and graph mode: their warm interpreters import SGLang on the
+    second core while this one collects and runs the unit tests (about 10 s each, otherwise waited for)."""
+    import tempfile
+
+    from sglang_evs.testing import server, warm_start
+
+    logs = Path(tempfile.mkdtemp(prefix="sglang-evs-warm-"))
+    for graph_mode in (False, True):
+        env = server.server_environment(True, server.graph_mode_env(graph_mode))
+        warm_start.prestart(env, str(logs / f"graph-{graph_mode}.log"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """What the session paid for interpreters importing SGLang: keep new tests on the environments already warm."""
+    from sglang_evs.testing import warm_start
+
+    if warm_start.started:
+        terminalreporter.write_sep("-", f"{len(warm_start.started)} warm interpreters started (about 10 s each)")
+        for index, why in enumerate(warm_start.why_started(), start=2):
+            terminalreporter.write_line(f"{index}: {why}")

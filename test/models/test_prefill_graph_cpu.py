@@ -10,19 +10,19 @@ its own processor) goes through the same runner: the plugin adds it to SGLang's 
 """
 
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
+
+from sglang_evs.testing import warm_start
 
 WORKER = Path(__file__).with_name("prefill_graph_worker.py")
 BROKEN = 1e-2  # a broken copy's logits must differ by far more than rounding (they differ by units)
 
 
 def run_worker(model_dir) -> dict:
-    proc = subprocess.run([sys.executable, str(WORKER), str(model_dir)], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = warm_start.run(str(WORKER), [str(model_dir)], dict(os.environ), timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(lines[-1].removeprefix("REPORT "))

@@ -22,8 +22,6 @@ request asking for video pruning in its `mm_processor_kwargs` included: none of 
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -33,6 +31,7 @@ import requests
 
 from sglang_evs import trace
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of
+from sglang_evs.testing import warm_start
 from sglang_evs.testing.requests import IMAGE, VIDEO, Generation, chat_prompt, generate, media_kwargs, per_request_rate
 from sglang_evs.testing.server import Launch, free_port, local_url, running_servers
 from sglang_evs.testing.workload import side_by_side
@@ -45,21 +44,14 @@ NEIGHBOURS = ("NemotronH_Nano_VL_V2",)
 
 
 def probes(*plugins: str) -> dict[str, dict]:
-    """The table with the plugin "on" and "off", each from its own fresh interpreter, the two at once (each
-    spends its ~10 s importing SGLang's model registry on one core)."""
-    running = {}
-    for plugin in plugins:
-        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-        if plugin == "off":
-            env["SGLANG_PLUGINS"] = "none"
-        running[plugin] = subprocess.Popen(
-            [sys.executable, str(PROBE), plugin], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
+    """The table with the plugin "on" and "off", each from its own interpreter forked from the warm one (SGLang
+    imported, no plugin loaded: the probe loads it, or not, as a fresh interpreter would)."""
     tables = {}
-    for plugin, process in running.items():
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err[-4000:]
-        tables[plugin] = json.loads(out.strip().splitlines()[-1])
+    for plugin in plugins:
+        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", **({"SGLANG_PLUGINS": "none"} if plugin == "off" else {})}
+        done = warm_start.run(str(PROBE), [plugin], env, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+        tables[plugin] = json.loads(done.stdout.strip().splitlines()[-1])
     return tables
 
 

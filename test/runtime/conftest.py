@@ -5,9 +5,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
+
+from sglang_evs.testing import warm_start
 
 
 def run_under_triton_interpreter(source: str) -> dict:
@@ -33,47 +36,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-# A long-lived interpreter on the CPU route that runs snippets one after another, each in a namespace of
-# its own: SGLang is imported once per environment instead of once per test. The runtime's fixes act at
-# import, whatever imported the module first, so a snippet sees the same wiring as a fresh interpreter.
-WORKER = """
-import contextlib, io, json, sys, traceback
-for line in sys.stdin:
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(json.loads(line), "<snippet>", "exec"), {"__name__": "__snippet__"})
-        ok = True
-    except BaseException:
-        ok = False
-        out.write(traceback.format_exc())
-    sys.__stdout__.write(json.dumps({"ok": ok, "out": out.getvalue()}) + "\\n")
-    sys.__stdout__.flush()
-"""
-
-
 class CpuRouteWorker:
+    """A snippet worker (`sglang_evs.testing.snippet_worker`) on the CPU route, forked from the warm interpreter
+    for its environment: SGLang is imported once per environment instead of once per test."""
+
     def __init__(self, extra_env: dict[str, str]) -> None:
         env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", **extra_env}
         env.pop("SGLANG_EVS_DISABLE_CPU_RUNTIME", None)
-        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
-        self.process = subprocess.Popen([sys.executable, "-c", WORKER], env=env, text=True, **pipes)
+        self.folder = tempfile.TemporaryDirectory()
+        requests, replies, log = (os.path.join(self.folder.name, name) for name in ("requests", "replies", "log"))
+        os.mkfifo(requests)
+        os.mkfifo(replies)
+        self.log = log
+        self.process = warm_start.start("sglang_evs.testing.snippet_worker", [requests, replies], env, log, None)
+        self.requests = open(requests, "w")  # noqa: SIM115 - open while the worker lives
+        self.replies = open(replies)  # noqa: SIM115
 
     def run(self, code: str) -> str:
         """Run `code` (dedented); its stdout. An exception in it fails the calling test with its traceback."""
-        self.process.stdin.write(json.dumps(textwrap.dedent(code)) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        while line and not line.startswith('{"ok": '):  # anything an import wrote to the real stdout
-            line = self.process.stdout.readline()
-        assert line, "the CPU-route worker exited"
+        self.requests.write(json.dumps(textwrap.dedent(code)) + "\n")
+        self.requests.flush()
+        line = self.replies.readline()
+        assert line, f"the CPU-route worker exited:\n{open(self.log, errors='replace').read()[-3000:]}"
         reply = json.loads(line)
         assert reply["ok"], reply["out"][-3000:]
         return reply["out"]
 
     def close(self) -> None:
-        self.process.stdin.close()
+        self.requests.close()
         self.process.wait(timeout=60)
+        self.replies.close()
+        self.folder.cleanup()
 
 
 @pytest.fixture(scope="session")

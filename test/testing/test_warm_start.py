@@ -2,10 +2,22 @@
 
 import os
 
+import pytest
+
 from sglang_evs.testing import warm_start
 
 # These checks fork `python -m json.tool`: their warm interpreters need not import SGLang first.
 LIGHT = {warm_start.PRELOAD_ENV: "json.tool"}
+
+
+@pytest.fixture(autouse=True)
+def own_warm_interpreters(monkeypatch):
+    """These tests start and close warm interpreters of their own, leaving the session's servers' ones alone."""
+    monkeypatch.setattr(warm_start, "_starters", {})
+    monkeypatch.setattr(warm_start, "started", [])
+    yield
+    for starter in warm_start._starters.values():
+        starter.close()
 
 
 def test_a_warm_start_runs_the_module_as_python_m_would_in_its_own_session(tmp_path):
@@ -42,3 +54,18 @@ def test_the_test_name_pytest_sets_does_not_count_and_idle_warm_interpreters_are
     keys = [dict(key).get("WARM_TEST_KEY") for key in warm_start._starters]
     assert len([key for key in keys if key is not None]) <= warm_start.KEPT_IDLE + 1
     assert started[0].starter.process.poll() is not None  # the oldest idle one was closed
+
+
+def test_a_script_runs_to_its_exit_with_its_own_streams_and_each_new_interpreter_says_why(tmp_path):
+    """`run` forks a script as `python path` runs it (its folder importable), its stdout apart from its stderr;
+    `why_started` names the variable that made a second warm interpreter."""
+    (tmp_path / "helper.py").write_text("WORD = 'from the folder'\n")
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys, helper\nprint(helper.WORD, sys.argv[1:])\nprint('noise', file=sys.stderr)\nsys.exit(3)\n"
+    )
+    base = {**os.environ, **LIGHT}
+    done = warm_start.run(str(script), ["x"], base, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "from the folder ['x']\n", "noise\n")
+    assert warm_start.run(str(script), ["y"], {**base, "WARM_TEST_KEY": "2"}, timeout=120).returncode == 3
+    assert warm_start.why_started() == ["WARM_TEST_KEY=2"]

@@ -10,8 +10,12 @@ server start would import anyway is imported before the fork (`PRELOAD`, `_impor
 and the garbage collector's view of it frozen, so that no child walks it (a server start's `gc.collect()`
 took 0.7 s of its own otherwise).
 
+The same fork runs a test's helper script or module in place of a fresh interpreter (`run`): a probe of SGLang's
+registry, a graph-runner worker, a snippet worker (`snippet_worker`), each saving the ~10 s of importing SGLang.
+
 Protocol: one JSON line per request on the warm interpreter's stdin, one JSON line back on its stdout.
-  {"start": {"module", "argv", "env", "log", "cores"}} -> {"pid": N}
+  {"start": {"module" | "path", "argv", "env", "log", "stdout", "cores"}} -> {"pid": N}
+    (`stdout`: a file of its own for the child's standard output; None: the log takes both streams)
   {"poll": N} -> {"returncode": int | None}   (only the warm interpreter can wait for its children)
 """
 
@@ -38,6 +42,10 @@ RUNTIME_ENV = frozenset({
     "SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL",  # read when a --language-only server's tokenizer starts
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",  # read when a prefill server's KV manager starts
     "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT",  # read when a server starts its HTTP tokenizer workers
+    "SGLANG_VLM_CACHE_SIZE_MB",  # read when a server sizes its embedding cache
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH",  # read by the crash handler
+    "OPENAI_API_KEY",  # set by SGLang's run_eval in a test process (MMMU); read by clients only
+    "PATH",  # decord appends its own folder when a test process imports it; nothing imported reads it
 })  # fmt: skip
 # Set by SGLang itself when it is imported (its third-party cache directories, from SGLANG_CACHE_DIR; kernel
 # options): a test process that imported SGLang passes them on to its servers, one that has not does not, and both
@@ -46,7 +54,7 @@ SET_BY_IMPORTING_SGLANG = frozenset({
     "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
     "DG_JIT_CACHE_DIR", "DG_JIT_USE_NVRTC", "TLLM_LOG_LEVEL",
 })  # fmt: skip
-KEPT_IDLE = 2  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
+KEPT_IDLE = 3  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
 PRELOAD = (
     "sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang_evs.launch_server",
     "sglang.srt.models.registry",  # imports every model module of SGLang: 1.4 s of CPU per server start
@@ -88,7 +96,7 @@ class WarmStarter:
             )  # fmt: skip
         self.lock = threading.Lock()
         self.children: list[WarmProcess] = []
-        self._ask({"ready": True})
+        # Not waited for: the interpreter imports while its caller goes on, and answers the first request once ready.
 
     def idle(self) -> bool:
         return all(child.poll() is not None for child in self.children)
@@ -103,8 +111,11 @@ class WarmStarter:
                 raise RuntimeError(f"the warm interpreter exited ({self.process.poll()}):\n{log.read()[-4000:]}")
         return json.loads(line)
 
-    def start(self, module: str, argv: Sequence[str], env: dict[str, str], log: str, cores) -> WarmProcess:
-        request = {"module": module, "argv": list(argv), "env": env, "log": str(log), "cores": cores}
+    def start(
+        self, target: str, argv: Sequence[str], env: dict[str, str], log: str, cores, stdout: str | None = None
+    ) -> WarmProcess:
+        request = {_target_kind(target): target, "argv": list(argv), "env": env, "log": str(log), "cores": cores,
+                   "stdout": stdout}  # fmt: skip
         return WarmProcess(self, self._ask({"start": request})["pid"])
 
     def poll(self, pid: int) -> int | None:
@@ -117,6 +128,7 @@ class WarmStarter:
 
 
 _starters: dict[tuple, WarmStarter] = {}
+started: list[dict[str, str]] = []  # each warm interpreter's import-time environment, in the order they started
 
 
 def import_key(env: dict[str, str]) -> tuple:
@@ -127,14 +139,56 @@ def import_key(env: dict[str, str]) -> tuple:
 def start(module: str, argv: Sequence[str], env: dict[str, str], log: str, cores) -> WarmProcess:
     """`python -m module *argv` with `env`, output to `log`, on `cores` (None: any), forked from the warm
     interpreter for `env` (started on first use, one per import-time environment)."""
+    return _starter(env, f"{log}.warm-start.log").start(module, argv, env, log, cores)
+
+
+def run(target: str, argv: Sequence[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """`python target *argv` (a script's path, or a module's name as `python -m` takes it) with `env`, forked from
+    the warm interpreter for `env`, run to its exit: its status, standard output and standard error."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        process = _starter(env, f"{err}.warm-start.log").start(target, argv, env, err, None, stdout=out)
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            raise
+        with open(out, errors="replace") as stdout, open(err, errors="replace") as stderr:
+            return subprocess.CompletedProcess([target, *argv], returncode, stdout.read(), stderr.read())
+
+
+def _target_kind(target: str) -> str:
+    return "path" if target.endswith(".py") else "module"
+
+
+def prestart(env: dict[str, str], log: str) -> None:
+    """Start the warm interpreter for `env` now, without waiting for its imports: a test session that will
+    start servers overlaps the ~10 s of importing SGLang with its own collection and unit tests."""
+    _starter(env, log)
+
+
+def _starter(env: dict[str, str], log: str) -> WarmStarter:
     key = import_key(env)
     if key not in _starters:
         idle = [other for other, starter in _starters.items() if starter.idle()]
         for other in idle[: max(0, len(idle) - KEPT_IDLE + 1)]:  # the oldest idle ones go
             _starters.pop(other).close()
-        _starters[key] = WarmStarter(dict(key), f"{log}.warm-start.log")  # its environment: the key itself
+        _starters[key] = WarmStarter(dict(key), log)  # its environment: the key itself
+        started.append(dict(key))
     _starters[key] = _starters.pop(key)  # the most recently used last
-    return _starters[key].start(module, argv, env, log, cores)
+    return _starters[key]
+
+
+def why_started() -> list[str]:
+    """For each warm interpreter after the first, how its import-time environment differs from the one
+    started before it: what a test pays about 10 s for (printed after a test session)."""
+    lines = []
+    for before, after in zip(started, started[1:], strict=False):
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        lines.append(", ".join(f"{k}={after.get(k, '(unset)')}" for k in changed))
+    return lines
 
 
 @atexit.register
@@ -160,14 +214,20 @@ def _run_child(request: dict) -> None:
 
             torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if request["stdout"] else log
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(log, 1)
+        os.dup2(out, 1)
         os.dup2(log, 2)
         import runpy
 
-        sys.argv = [request["module"], *request["argv"]]
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if "path" in request:  # as `python path` runs a script: its folder first on the import path
+            sys.argv = [request["path"], *request["argv"]]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(request["path"])))
+            runpy.run_path(request["path"], run_name="__main__")
+        else:
+            sys.argv = [request["module"], *request["argv"]]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as exit_:  # as the interpreter does: an int is the status, anything else is printed
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
