@@ -188,6 +188,10 @@ def pytest_configure(config):
         raise pytest.UsageError("GPU tests run without the CPU environment: do not source scripts/cpu_env.sh")
     if cpu_route and _runs_a_tier(config):
         _prestart_warm_interpreters()
+        if "not slow" not in config.option.markexpr:  # the full tier: its user's install, mostly pip's waits
+            from sglang_evs.testing import user_install
+
+            user_install.start(REPO)
 
 
 def _runs_a_tier(config) -> bool:

@@ -7,7 +7,6 @@ environment, as `pip install sglang-evs` installs the package itself on a GPU ma
 the dependencies pip resolves for it, as a GPU user's install is (the last section).
 """
 
-import hashlib
 import importlib.metadata
 import json
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 import requests
 
 from sglang_evs.testing import media
+from sglang_evs.testing import user_install as user_install_env
 from sglang_evs.testing.requests import VIDEO, chat_prompt
 from sglang_evs.testing.server import (
     cpu_server_args,
@@ -30,21 +30,12 @@ from sglang_evs.testing.server import (
     stop,
     wait_healthy,
 )
+from sglang_evs.testing.user_install import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_ROUTE = ROOT / "scripts" / "cpu_route"
 GPU_ROUTE = ROOT / "scripts" / "gpu_route"
 PTH = "sglang_evs_cpu_runtime.pth"
-
-
-def build_wheel(source: Path, out: Path) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(out),
-         str(source)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    (wheel,) = out.glob("*.whl")
-    return wheel
 
 
 @pytest.fixture(scope="module")
@@ -153,47 +144,23 @@ def test_each_console_script_is_a_function_of_the_package_that_returns_nothing(g
         assert signature.return_annotation in (None, "None"), (name, signature)
 
 
-# --- the install a GPU user makes, run on this CPU machine (slow tier): `pip install sglang-evs` (the wheel built
-# from this checkout) into a fresh virtual environment resolves SGLang 0.5.23 and the torch and transformers it
-# declares (PyPI's builds: torch 2.14.1, a CUDA build; transformers 5.19.0); the plugin loads there and the tiny model
-# serves a pruned video.
+# --- the install a GPU user makes, run on this CPU machine (slow tier; `sglang_evs.testing.user_install`).
 #
 # What differs from a GPU machine, and why: the CPU route's start-up hook (`sglang-evs-cpu-route`, which a GPU install
 # never has) is installed beside it and `SGLANG_USE_CPU_ENGINE=1` set, to serve on the CPU; with no CUDA driver here,
 # SGLang's CUDA kernels (sglang-kernel, which SGLang's requirements bring) cannot load, and the CPU route stands in
 # for them as it does where they are absent (`runtime/import_fixes.sgl_kernel_installed`).
-#
-# The environment takes pip about 7 minutes and 11 GB (torch's CUDA libraries): it is kept under `.cache/` for the
-# next run of the same requirements (the wheel's own and this Python's), the freshly built wheel reinstalled each
-# time.
 
 DECLARED = {"sglang": "0.5.23", "torch": "2.14.1", "transformers": "5.19.0"}  # SGLang 0.5.23's own requirements
-# What pip says when the registry cannot be reached or does not hold a release: the install cannot be made here
-UNREACHABLE = ("No matching distribution found", "Could not find a version", "NewConnectionError", "Max retries")
-
-
-def pip(python: Path, *args: str, timeout: float = 1800) -> None:
-    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    if done.returncode != 0 and any(sign in done.stderr for sign in UNREACHABLE):
-        pytest.skip(f"the registry cannot give this install here: {done.stderr.strip()[-500:]}")
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
-def user_install(tmp_path_factory) -> Path:
+def user_install() -> Path:
     """The fresh environment's python, with the wheel and what pip resolved for it, and the CPU route's hook."""
-    wheels = tmp_path_factory.mktemp("user_wheels")
-    wheel, cpu_route = build_wheel(ROOT, wheels / "plugin"), build_wheel(ROOT / "scripts" / "cpu_route", wheels / "cpu")
-    requirements = (ROOT / "pyproject.toml").read_text() + sys.version
-    venv = ROOT / ".cache" / f"user-install-{hashlib.sha256(requirements.encode()).hexdigest()[:12]}"
-    python, stamp = venv / "bin" / "python", venv / "resolved"
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-        pip(python, str(wheel))  # as a user would: the plugin, and what its requirements bring
-        stamp.write_text("")
-    pip(python, "--no-deps", "--force-reinstall", str(wheel), str(cpu_route))
-    return python
+    try:
+        return user_install_env.result(ROOT)
+    except user_install_env.Unreachable as unreachable:
+        pytest.skip(f"the registry cannot give this install here: {unreachable}")
 
 
 @pytest.mark.slow
