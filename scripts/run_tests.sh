@@ -13,9 +13,12 @@ source scripts/cpu_env.sh
 # suite starts compiles the plugin again, and pytest rewrites every test module's asserts at each collection.
 unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff check python test benchmark scripts setup.py
+# The full tier runs on two pytest-xdist workers, each test module on one worker (its servers shared there): a third
+# less time on 2 cores, where one process mostly waits on another server's. The quick tier gains too little to pay
+# for a second worker's servers (docs/testing.md).
 case "${1:-}" in
   --quick) shift; set -- -m "not slow and not rehearsal" "$@" ;;
   --rehearsal) shift; set -- -m rehearsal "$@" ;;
-  *) set -- -m "not rehearsal" "$@" ;;
+  *) set -- -m "not rehearsal" -n 2 --dist loadfile "$@" ;;
 esac
 .venv/bin/python -m pytest test --durations=15 "$@"  # the slowest tests, for whoever trims CI time

@@ -5,7 +5,9 @@ The test command (scripts/run_tests.sh) exports the CPU environment
 is active in this process and in every server it launches.
 """
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,10 @@ def build_cached_model(
     if not out.exists():  # built aside and renamed, so an interrupted build leaves nothing half-written
         partial = out.with_name(out.name + f".partial-{os.getpid()}")
         tiny_model.build_tiny_model(partial, architecture, profile, overrides)
-        partial.rename(out)
+        try:
+            partial.rename(out)
+        except OSError:  # another test process (a pytest-xdist worker) built the same checkpoint first
+            shutil.rmtree(partial)
     return out
 
 
@@ -186,12 +191,15 @@ def pytest_configure(config):
         raise pytest.UsageError("run the CPU tests through scripts/run_tests.sh (it sets the CPU environment)")
     if cpu_route and gpu_run:
         raise pytest.UsageError("GPU tests run without the CPU environment: do not source scripts/cpu_env.sh")
-    if cpu_route and _runs_a_tier(config):
+    if not cpu_route or not _runs_a_tier(config):
+        return
+    xdist_controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if not xdist_controller:  # the controller of pytest-xdist's workers runs no test
         _prestart_warm_interpreters()
-        if "not slow" not in config.option.markexpr:  # the full tier: its user's install, mostly pip's waits
-            from sglang_evs.testing import user_install
+    if "not slow" not in config.option.markexpr and not hasattr(config, "workerinput"):
+        from sglang_evs.testing import user_install  # the full tier's user install: mostly pip's waits
 
-            user_install.start(REPO)
+        user_install.start(REPO)
 
 
 def _runs_a_tier(config) -> bool:
@@ -213,11 +221,29 @@ def _prestart_warm_interpreters() -> None:
         warm_start.prestart(env, str(logs / f"graph-{graph_mode}.log"))
 
 
+def pytest_sessionfinish(session) -> None:
+    """A pytest-xdist worker hands its warm interpreters to the controller, which prints the summary."""
+    from sglang_evs.testing import warm_start
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["warm_started"] = json.dumps([len(warm_start.started), warm_start.why_started()])
+
+
+_workers_warm: list[tuple[int, list[str]]] = []
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on the controller
+def pytest_testnodedown(node, error) -> None:
+    if "warm_started" in getattr(node, "workeroutput", {}):
+        _workers_warm.append(json.loads(node.workeroutput["warm_started"]))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """What the session paid for interpreters importing SGLang: keep new tests on the environments already warm."""
     from sglang_evs.testing import warm_start
 
-    if warm_start.started:
-        terminalreporter.write_sep("-", f"{len(warm_start.started)} warm interpreters started (about 10 s each)")
-        for index, why in enumerate(warm_start.why_started(), start=2):
-            terminalreporter.write_line(f"{index}: {why}")
+    for count, whys in _workers_warm or [(len(warm_start.started), warm_start.why_started())]:
+        if count:
+            terminalreporter.write_sep("-", f"{count} warm interpreters started (about 10 s each)")
+            for index, why in enumerate(whys, start=2):
+                terminalreporter.write_line(f"{index}: {why}")

@@ -111,6 +111,17 @@ def cpu_server_args(model_path: str | Path) -> tuple[str, ...]:
 # connection, e.g. the gloo links between TP ranks; SGLang picks its own internal ports (NCCL/dist-init)
 # at random in 22000-29999. Ports handed out here come from below both, and none twice per process.
 PORT_WINDOW = range(12000, 22000)
+
+
+def own_port_window() -> range:
+    """This process's share of `PORT_WINDOW`: under pytest-xdist each worker (`PYTEST_XDIST_WORKER` gwN of
+    `PYTEST_XDIST_WORKER_COUNT`) hands out ports from its own slice, so that two workers never pick one port."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", "gw0"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    size = len(PORT_WINDOW) // count
+    start = PORT_WINDOW.start + size * int(worker.removeprefix("gw"))
+    return range(start, start + size)
+
+
 _ports_given: set[int] = set()
 
 
@@ -121,7 +132,8 @@ def local_url(port: int) -> str:
 
 def free_port() -> int:
     """A port that is free now and outside the ranges other processes pick from at random."""
-    for port in random.sample(PORT_WINDOW, 256):
+    window = own_port_window()
+    for port in random.sample(window, 256):
         if port in _ports_given:
             continue
         try:
@@ -131,7 +143,7 @@ def free_port() -> int:
             continue
         _ports_given.add(port)
         return port
-    raise RuntimeError(f"no free port in {PORT_WINDOW.start}-{PORT_WINDOW.stop - 1}")
+    raise RuntimeError(f"no free port in {window.start}-{window.stop - 1}")
 
 
 @dataclass

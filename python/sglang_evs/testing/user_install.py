@@ -11,6 +11,7 @@ Python's); the freshly built wheel is reinstalled each time.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import subprocess
 import sys
@@ -55,11 +56,14 @@ def make(root: Path) -> Path:
     requirements = (root / "pyproject.toml").read_text() + sys.version
     venv = root / ".cache" / f"user-install-{hashlib.sha256(requirements.encode()).hexdigest()[:12]}"
     python, stamp = venv / "bin" / "python", venv / "resolved"
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-        pip(python, str(wheel))  # as a user would: the plugin, and what its requirements bring
-        stamp.write_text("")
-    pip(python, "--no-deps", "--force-reinstall", str(wheel), str(cpu_route))
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.with_name(venv.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one maker at a time: pytest-xdist's controller and a worker both ask
+        if not stamp.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+            pip(python, str(wheel))  # as a user would: the plugin, and what its requirements bring
+            stamp.write_text("")
+        pip(python, "--no-deps", "--force-reinstall", str(wheel), str(cpu_route))
     return python
 
 

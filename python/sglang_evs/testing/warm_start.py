@@ -43,6 +43,8 @@ RUNTIME_ENV = frozenset({
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",  # read when a prefill server's KV manager starts
     "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT",  # read when a server starts its HTTP tokenizer workers
     "SGLANG_VLM_CACHE_SIZE_MB",  # read when a server sizes its embedding cache
+    "SGLANG_MAMBA_CONV_DTYPE",  # read when a hybrid model's state pool is sized
+    "SGLANG_EVS_HELD_VIDEO_MB", "SGLANG_EVS_TEST_PINNED_MASKS",  # read by the plugin per request
     "SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH",  # read by the crash handler
     "OPENAI_API_KEY",  # set by SGLang's run_eval in a test process (MMMU); read by clients only
     "PATH",  # decord appends its own folder when a test process imports it; nothing imported reads it
@@ -54,7 +56,7 @@ SET_BY_IMPORTING_SGLANG = frozenset({
     "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
     "DG_JIT_CACHE_DIR", "DG_JIT_USE_NVRTC", "TLLM_LOG_LEVEL",
 })  # fmt: skip
-KEPT_IDLE = 3  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
+KEPT_IDLE = 4  # warm interpreters (about 0.7 GB each) kept once none of their servers runs
 PRELOAD = (
     "sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang_evs.launch_server",
     "sglang.srt.models.registry",  # imports every model module of SGLang: 1.4 s of CPU per server start
