@@ -3,8 +3,9 @@ GPU route's (CUDA without sglang-kernel) are distributions of their own.
 
 The wheels are built from this checkout with pip (no build isolation: setuptools is in the test
 environment, nothing is downloaded) and installed without dependencies into a fresh virtual
-environment, as `pip install sglang-evs` installs the package itself on a GPU machine; and, in the slow tier, with
-the dependencies pip resolves for it, as a GPU user's install is (the last section).
+environment, as `pip install sglang-evs` installs the package itself on a GPU machine; and with the dependencies
+pip resolves for it, as a GPU user's install is (the last section). Building wheels and environments is the slow
+tier's; the quick tier checks the hook of this test environment.
 """
 
 import importlib.metadata
@@ -51,6 +52,7 @@ def gpu_install(tmp_path_factory) -> tuple[Path, list[str]]:
     return python, zipfile.ZipFile(wheel).namelist()
 
 
+@pytest.mark.slow  # builds wheels and a virtual environment: ~6 s the quick tier need not wait for
 def test_the_wheel_holds_the_package_and_no_startup_hook(gpu_install):
     _, files = gpu_install
     assert not [name for name in files if name.endswith(".pth")]
@@ -59,6 +61,7 @@ def test_the_wheel_holds_the_package_and_no_startup_hook(gpu_install):
     assert "sglang_evs/plugin.py" in package and all(name.endswith(".py") for name in package)  # no data files
 
 
+@pytest.mark.slow
 def test_a_gpu_install_runs_nothing_of_the_plugin_at_interpreter_start(gpu_install):
     python, _ = gpu_install
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -69,6 +72,7 @@ def test_a_gpu_install_runs_nothing_of_the_plugin_at_interpreter_start(gpu_insta
     assert "import time" in started.stderr and "sglang_evs" not in started.stderr
 
 
+@pytest.mark.slow
 def test_sglang_still_finds_the_plugin_entry_point(gpu_install):
     python, _ = gpu_install
     probe = ("import json, importlib.metadata as m; "
@@ -80,11 +84,13 @@ def test_sglang_still_finds_the_plugin_entry_point(gpu_install):
     assert "sglang==0.5.23" in requires  # the version the plugin refuses to run without
 
 
+@pytest.mark.slow
 def test_the_cpu_route_distribution_is_the_startup_hook_alone(tmp_path):
     files = zipfile.ZipFile(build_wheel(CPU_ROUTE, tmp_path)).namelist()
     assert [name for name in files if not name.startswith("sglang_evs_cpu_route-")] == [PTH]
 
 
+@pytest.mark.slow
 def test_the_gpu_route_distribution_is_the_same_startup_hook_under_its_own_name(tmp_path):
     """`sglang-evs-gpu-route` (CUDA without sglang-kernel, docs/gpu-route.md): only its `.pth`, the bootstrap."""
     wheel = zipfile.ZipFile(build_wheel(GPU_ROUTE, tmp_path))
@@ -124,6 +130,7 @@ def test_the_metadata_is_pep_621s_and_refuses_python_3_10(tmp_path):
     assert taken.returncode == 0, taken.stderr
 
 
+@pytest.mark.slow
 def test_each_console_script_is_a_function_of_the_package_that_returns_nothing(gpu_install):
     """The console scripts a user runs (the launcher, the demo, the visualizer, the benchmarks and accuracy runners)
     name functions that exist; each returns None, so the script's exit status is 0 when it succeeds."""

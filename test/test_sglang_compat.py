@@ -39,6 +39,7 @@ def test_plugin_stops_the_process_on_a_wrong_version(monkeypatch):
         plugin.load_plugin()
 
 
+@pytest.mark.slow  # a fresh interpreter (~5 s); the quick tier checks the refusal itself, above
 def test_launch_server_fails_loudly_on_a_faked_sglang_version(tmp_path, tiny_model_dir):
     """A dist-info claiming sglang 0.9.9 ahead on sys.path is what importlib.metadata reports."""
     fake = tmp_path / "fake_site"
