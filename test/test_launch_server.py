@@ -89,3 +89,16 @@ def test_a_multi_rank_cpu_launch_gives_each_rank_its_cores(monkeypatch, argv, en
         monkeypatch.setenv(key, value)
     launch_server.main()
     assert launched.get("SGLANG_CPU_OMP_THREADS_BIND") == binding
+
+
+def test_help_lists_the_pruning_flags_beside_sglangs():
+    """`--help` of the launcher: its pruning flags, each with its help, then SGLang's whole help (exit 0)."""
+    from sglang_evs.launch_server import FLAG_HELP
+    from sglang_evs.testing import warm_start
+
+    done = warm_start.run("sglang_evs.launch_server", ["--help"], dict(os.environ), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ours, _, sglangs = done.stdout.partition("(python -m sglang.launch_server --help)")
+    for setting, text in FLAG_HELP.items():
+        assert "--" + setting.replace("_", "-") in ours and text.split()[0] in ours
+    assert "--model-path" in sglangs and "--json-model-override-args" in sglangs and "--video-pruning" not in sglangs

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.methods import (
+    DEFAULT_METHOD,
+    METHODS,
     MIN_TOKENS_PER_GROUP_SETTING,
     PRUNING_METHOD_SETTING,
     PRUNING_RATE_SETTING,
@@ -38,6 +40,30 @@ FLAG_TYPES = {
     PRUNING_THRESHOLD_SETTING: float,
     RETIRED_SETTING: float,
 }
+FLAG_HELP = {
+    PRUNING_METHOD_SETTING: f"which tokens a video keeps: {' or '.join(METHODS)} (default {DEFAULT_METHOD.name})",
+    PRUNING_RATE_SETTING: "q, the share of each video's tokens dropped, in [0, 1) (default 0: served as upstream)",
+    TOKEN_BUDGET_SETTING: "N: at most N tokens kept of each video (0: no budget)",
+    MIN_TOKENS_PER_GROUP_SETTING: "k: at least k tokens kept in every temporal group (0: no floor)",
+    PRUNING_THRESHOLD_SETTING: "t in [0, 2]: keep the first group and every token that changed by more than t "
+    "since the previous group (in place of the rate)",
+}
+HELP_FLAGS = ("-h", "--help")
+
+
+def pruning_flags_help() -> str:
+    """The pruning flags' section of the launcher's `--help`, printed before SGLang's own help."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang_evs.launch_server",
+        usage="%(prog)s [pruning flags] [SGLang's flags: below]",
+        description="SGLang's launch_server with video-token pruning (sglang-evs). Each pruning flag can also be "
+        "given in --json-model-override-args, and per request in mm_processor_kwargs.",
+        add_help=False,
+    )
+    group = parser.add_argument_group("video-token pruning (sglang-evs)")
+    for setting, text in FLAG_HELP.items():
+        group.add_argument("--" + setting.replace("_", "-"), type=FLAG_TYPES[setting], help=text)
+    return parser.format_help()
 
 
 def fold_pruning_flags(argv: list[str]) -> list[str]:
@@ -65,6 +91,9 @@ def on_cpu_route(argv: list[str], env: Mapping[str, str]) -> bool:
 
 
 def main() -> None:
+    if HELP_FLAGS[0] in sys.argv[1:] or HELP_FLAGS[1] in sys.argv[1:]:
+        print(pruning_flags_help())
+        print("SGLang's flags (python -m sglang.launch_server --help):\n", flush=True)
     try:
         sys.argv = [sys.argv[0], *fold_pruning_flags(sys.argv[1:])]
     except ValueError as exc:
