@@ -199,3 +199,17 @@ def test_the_users_install_serves_a_pruned_video(user_install, tiny_model_dir, t
         assert "sglang-evs 0.1.0 plugin loaded" in log.read_text()
     finally:
         stop(process)
+
+
+@pytest.mark.slow  # asks the registry
+def test_the_install_skips_only_where_the_registry_cannot_be_reached():
+    """A pin that no release satisfies fails: pip reaches the registry and finds nothing (where it cannot reach
+    it, the install cannot be made here, and this test skips by the same rule the user's install skips by)."""
+    try:
+        user_install_env.pip(Path(sys.executable), "--dry-run", "--no-deps", "sglang==0.0.0.9999")
+    except user_install_env.Unreachable as unreachable:
+        pytest.skip(f"the registry cannot be reached here: {unreachable}")
+    except RuntimeError as failure:
+        assert "No matching distribution found" in str(failure) or "Could not find a version" in str(failure)
+    else:
+        raise AssertionError("pip installed a release of SGLang that does not exist")

@@ -20,8 +20,12 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
-# What pip says when the registry cannot be reached or does not hold a release: the install cannot be made here
-UNREACHABLE = ("No matching distribution found", "Could not find a version", "NewConnectionError", "Max retries")
+# What pip says when it cannot reach the registry (it then also says "No matching distribution found", as it does
+# for a pin no release satisfies: that alone is a broken requirement, and fails)
+UNREACHABLE = (
+    "NewConnectionError", "Max retries exceeded", "ConnectTimeoutError", "ProxyError", "Network is unreachable",
+    "Temporary failure in name resolution", "Name or service not known", "Connection refused",
+)  # fmt: skip
 LOW_PRIORITY = ("nice", "-n", "10")  # the suite's own processes first: pip mostly waits on the network anyway
 
 
@@ -41,6 +45,8 @@ def build_wheel(source: Path, out: Path) -> Path:
 
 
 def pip(python: Path, *args: str, timeout: float = 1800) -> None:
+    """`pip install args` in the environment of `python`: Unreachable where pip could not reach the registry,
+    RuntimeError for any other failure (a requirement no release satisfies among them)."""
     done = subprocess.run([*LOW_PRIORITY, str(python), "-m", "pip", "install", "--quiet", *args],
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
     if done.returncode != 0 and any(sign in done.stderr for sign in UNREACHABLE):
