@@ -190,13 +190,14 @@ lmms_eval_specific_kwargs:
 
 @slow
 def test_lmms_eval_runs_videomme_through_the_recipe_with_the_rate_per_request(server, hf_home, tmp_path):
+    """lmms-eval's own command line finds `--model sglang_evs` through the package's `lmms_eval.models` entry point."""
     env = lmms_eval_environment(hf_home)
     tasks = write_task(tmp_path, hf_home)
     log, out = tmp_path / "pruning.jsonl", tmp_path / "results"
     before = pruning_metrics(server.base_url)
     model_args = f"base_url={server.base_url}/v1,video_pruning_rate={REQUEST_RATE},pruning_log={log}"
     done = subprocess.run(
-        [sys.executable, "-m", "sglang_evs.bench.lmms_eval", "--model", recipe.MODEL_NAME, "--model_args", model_args,
+        [sys.executable, "-m", "lmms_eval", "--model", recipe.MODEL_NAME, "--model_args", model_args,  # its own CLI
          "--tasks", "videomme_evs_fixture", "--include_path", str(tasks), "--batch_size", "1",
          "--output_path", str(out)],
         env=env, capture_output=True, text=True, timeout=300,
