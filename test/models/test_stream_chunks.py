@@ -1,6 +1,7 @@
 """A stream (`video_stream`, pruning/streams.py) in 29-token chunks on a graph-mode server: what HF transformers gives
-the stream's prompt with the stream's mask, for Qwen3-VL (its timestamps continue) and Qwen2.5-VL (no timestamps: the
-context pruning alone, at the positions HF gives the request's videos; SGLang bundles its videos in one item); a
+the stream's prompt with the stream's mask, for Qwen3-VL (its timestamps continue), Qwen2.5-VL and Qwen2-VL (no
+timestamps: the context pruning alone, at the positions HF gives the request's videos; SGLang bundles its videos in one
+item); a
 static stream at a threshold; a session's turns equal to the stream sent at once."""
 
 import functools
@@ -44,6 +45,7 @@ FAMILIES = {
     "qwen3_vl": Family("tiny_model_dir", hf_stream_inputs, HF_LOGPROB_TOLERANCE),
     # SGLang's Qwen2.5-VL vision tower and transformers' round apart (test_qwen2_vl_evs.py's HF_TOLERANCE)
     "qwen2_5_vl": Family("tiny_qwen2_5_vl_dir", hf_untimestamped_stream_inputs, 5e-2),
+    "qwen2_vl": Family("tiny_qwen2_vl_dir", hf_untimestamped_stream_inputs, 1e-3),  # as test_qwen2_vl_evs.py's
 }
 SETTINGS = [{"video_pruning_rate": 0.5}, {"video_pruning_threshold": 0.9}]
 
