@@ -69,6 +69,7 @@ from sglang_evs import trace
 from sglang_evs.pruning.videos import PINNED_MASKS_ENV
 from sglang_evs.testing import media, workload
 from sglang_evs.testing.compare import assert_same_generation
+from sglang_evs.testing.held import assert_nothing_held
 from sglang_evs.testing.hf_reference import expected_positions, rule_positions
 from sglang_evs.testing.requests import (
     GLM4V_VIDEO,
@@ -634,10 +635,5 @@ def test_no_server_of_the_pair_holds_a_videos_rows_once_its_requests_are_answere
     decode server, which runs no tower, never held one."""
     folder = Path(fleet.prefill_trace).parent
     for path in (fleet.prefill_trace, folder / TP2_TRACE):
-        lines = (json.loads(line) for line in Path(path).read_text().splitlines() if line.strip())
-        events = [e for e in lines if e["event"] in ("video_held", "video_released")]  # in the order written
-        held, released = ({e["item"] for e in events if e["event"] == f"video_{kind}"} for kind in ("held", "released"))
-        assert held and held <= released, path
-        last_per_rank = {e["pid"]: e for e in events}
-        assert last_per_rank and {e["held_bytes"] for e in last_per_rank.values()} == {0}, path
+        assert_nothing_held(path)
     assert not trace.read(fleet.decode_trace, "video_held")

@@ -11,8 +11,10 @@ import pytest
 import requests
 
 from sglang_evs import trace
+from sglang_evs.pruning import holds
 from sglang_evs.testing import media
 from sglang_evs.testing.compare import assert_same_greedy
+from sglang_evs.testing.held import assert_nothing_held as assert_no_rows_held
 from sglang_evs.testing.requests import (
     VIDEO,
     chat_prompt,
@@ -23,7 +25,7 @@ from sglang_evs.testing.requests import (
     open_session,
 )
 from sglang_evs.testing.server import running_server
-from sglang_evs.testing.workload import FORWARD_HOLD_S, slow_down
+from sglang_evs.testing.workload import FORWARD_HOLD_S, send_alone, send_together, slow_down
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -75,8 +77,8 @@ def retracted(server) -> float:
 
 
 def assert_nothing_held(trace_path: Path) -> None:
-    released = trace.read(trace_path, "video_released")
-    assert not released or released[-1]["held_bytes"] == 0, released[-1]
+    """Neither the scheduler's held rows nor the tokenizer's stream state keep anything."""
+    assert_no_rows_held(trace_path)
     stream_state = trace.read(trace_path, "stream_state")
     assert not stream_state or stream_state[-1]["held"] == 0, stream_state[-1]
 
@@ -164,3 +166,40 @@ def abort_mid_flight(server, segments) -> None:
             turn.result(), stream.result()
     finally:
         slow_down(server.base_url, None)
+
+
+# Holds bounded to about one video's rows (a 400-token noise clip at q = .5 keeps 200 rows of the tiny model's
+# 64-wide hidden state and its two deepstack levels: 150 KB)
+ONE_VIDEO_MB = 0.25
+
+
+@pytest.fixture(scope="module")
+def one_video_bound(tiny_model_dir, tmp_path_factory):
+    """(server, trace): a hold bound that fits one video's rows, no embedding cache, 48-token chunks."""
+    out = tmp_path_factory.mktemp("one_video_bound")
+    env = {trace.ENV: str(out / "trace.jsonl"), "SGLANG_VLM_CACHE_SIZE_MB": "0", holds.BOUND_ENV: str(ONE_VIDEO_MB)}
+    args = ["--dtype", "float32", "--chunked-prefill-size", "48"]
+    with running_server(tiny_model_dir, out / "server.log", args, env) as server:
+        yield server, out / "trace.jsonl"
+
+
+def test_concurrent_videos_past_the_hold_bound_are_served_as_alone(one_video_bound, tmp_path):
+    """Three chunked videos prefilled together where the holds fit one: holding one lets another go while its request
+    still reads it (it is encoded again), and every request is served as it is alone; nothing held afterwards. (The
+    scheduler stopped here once: a video held at the start of a forward and let go by another's hold in that forward
+    was handed to SGLang as None.)"""
+    server, trace_path = one_video_bound
+    clips = [
+        media.write_clip(tmp_path / f"c{seed}.mp4", "noise", num_frames=16, fps=4, seed=seed) for seed in (7, 8, 9)
+    ]
+    cases = [(chat_prompt(VIDEO), {"video_data": [str(clip)]}, 0.5) for clip in clips]
+    alone = send_alone(server.base_url, cases)
+    released_before = len(trace.read(trace_path, "video_released"))
+    together, batched = send_together(server.base_url, cases, trace_path)
+    assert batched[0] > 0, "the videos were never prefilled in one forward"
+    for index, (got, want) in enumerate(zip(together, alone, strict=True)):
+        assert_same_greedy(got, want, index)
+    evicted = [e for e in trace.read(trace_path, "video_released")[released_before:] if e["why"] == "evicted"]
+    assert evicted, "no hold was let go for another video: the bound does not bind"
+    assert_no_rows_held(trace_path)
+    assert server.alive()

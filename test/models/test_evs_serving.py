@@ -22,6 +22,7 @@ from sglang_evs.testing import media
 from sglang_evs.testing.chunked import assert_chunks_equal, assert_media_prefills_and_decodes_replayed, served_in_chunks
 from sglang_evs.testing.compare import assert_same_greedy
 from sglang_evs.testing.evs_oracle import limited_keep_mask, limited_kept_count, threshold_keep_mask
+from sglang_evs.testing.held import assert_nothing_held
 from sglang_evs.testing.hf_reference import (
     HF_LOGPROB_TOLERANCE,
     assert_limited_masks_agree_up_to_ties,
@@ -149,8 +150,7 @@ def test_each_video_is_encoded_once_per_request_in_chunks_without_an_embedding_c
                             **per_request_pruning(setting))  # fmt: skip
     (reply,), encodes = encodes_per_video(evs_trace, ask)
     assert reply.prompt_tokens > CHUNK and list(encodes.values()) == [1], encodes  # two chunks or more
-    assert trace.read(evs_trace, "video_held")[-1]["item"] in encodes
-    assert trace.read(evs_trace, "video_released")[-1]["held_bytes"] == 0
+    assert_nothing_held(evs_trace, items=set(encodes))
 
 
 def test_two_requests_of_a_batch_each_encode_their_videos_once(evs_server, evs_trace):

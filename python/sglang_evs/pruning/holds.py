@@ -83,18 +83,20 @@ def hold(item, rows: torch.Tensor) -> bool:
         _record("video_not_held", item.hash, extra)
         return False
     while extra and held_bytes() + extra > bound_bytes():
-        _let_go(next(iter(_held)))
+        _let_go(next(iter(_held)), "evicted")
     _storages.setdefault(key, [storage.nbytes(), 0])[1] += 1
     _held[item.hash] = Held(rows, key)
     _record("video_held", item.hash, extra)
     return True
 
 
-def release(item) -> None:
-    _let_go(item.hash)
+def release(item, why: str = "consumed") -> None:
+    _let_go(item.hash, why)
 
 
-def _let_go(item_key: int) -> None:
+def _let_go(item_key: int, why: str) -> None:
+    """`why`: consumed (its request's forwards covered it), media_released (SGLang dropped the request's media) or
+    evicted (another video's rows needed the room)."""
     held = _held.pop(item_key, None)
     if held is None:
         return
@@ -102,7 +104,7 @@ def _let_go(item_key: int) -> None:
     entry[1] -= 1
     if entry[1] == 0:
         del _storages[held.storage]
-    _record("video_released", item_key, 0)
+    _record("video_released", item_key, 0, why=why)
 
 
 def release_consumed(requests) -> None:
@@ -121,10 +123,10 @@ def release_media(result, mm_inputs, *args, **kwargs):
     """AFTER hook on `MultimodalInputs.release_features`: SGLang dropped a request's media (finished or aborted), so
     its held rows go too. Items of any other model hold nothing."""
     for item in getattr(mm_inputs, "mm_items", None) or ():
-        release(item)
+        release(item, "media_released")
     return result
 
 
-def _record(event: str, item_key: int, nbytes: int) -> None:
+def _record(event: str, item_key: int, nbytes: int, **fields) -> None:
     if trace.enabled():
-        trace.record(event, item=item_key, bytes=nbytes, held_bytes=held_bytes())
+        trace.record(event, item=item_key, bytes=nbytes, held_bytes=held_bytes(), **fields)

@@ -129,11 +129,13 @@ class PrunedVideos:
 
     def features(self, items: list) -> list[torch.Tensor]:
         """The model's video getter: one [tokens, width] tensor per item, each encoded once per request (`holds`)."""
-        misses = [item for item in items if held_rows(item) is None]
-        fresh = dict(zip(map(id, misses), self._encoded(misses) if misses else [], strict=True))
+        rows = {id(item): held_rows(item) for item in items}  # taken first: holding a miss may let another go
+        misses = [item for item in items if rows[id(item)] is None]
+        if misses:
+            rows.update(zip(map(id, misses), self._encoded(misses), strict=True))
         for item in misses:
-            hold(item, fresh[id(item)])
-        return [fresh[id(item)] if id(item) in fresh else held_rows(item) for item in items]
+            hold(item, rows[id(item)])
+        return [rows[id(item)] for item in items]
 
     def release_consumed(self, layout: BatchLayout) -> None:
         """After a forward's features were fetched: its requests' held videos whose last chunk it was let go."""
