@@ -89,6 +89,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("close_session"), stream_sessions.forget_closed_session, around)
     register(sglang.hook_target("key_media_item"), keys.fold_deferred_key, around)
     register(sglang.hook_target("release_media"), holds.release_media, after)
+    register(sglang.hook_target("release_aborted_turn"), holds.release_aborted_turn, sglang.HookType.BEFORE)
     register(sglang.hook_target("validate_request"), streams.refuse_streams_nothing_serves, sglang.HookType.BEFORE)
     register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
     register(sglang.hook_target("chat_to_generate_request"), carry_chat_pruning_setting, after)

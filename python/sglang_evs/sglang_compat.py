@@ -138,6 +138,8 @@ HOOK_TARGETS: dict[str, str] = {
     "key_media_item": "sglang.srt.managers.schedule_batch:MultimodalDataItem.set_pad_value",
     # a request's media dropped by the scheduler (finished, aborted): the plugin's held encodings go with it
     "release_media": "sglang.srt.managers.schedule_batch:MultimodalInputs.release_features",
+    # a request's media dropped on abort, a session turn's without release_features (its history is kept)
+    "release_aborted_turn": "sglang.srt.managers.schedule_batch:Req.release_mm_inputs_on_abort",
     # a session opened and closed, in the tokenizer process (pruning/stream_sessions.py keeps a stream's end per
     # session)
     "open_session": "sglang.srt.managers.tokenizer_manager:TokenizerManager.open_session",

@@ -138,6 +138,8 @@ def test_sessions_at_once_evicted_and_aborted_leave_nothing_held(tight_server, s
         assert_same_greedy(last, at_once, segments[0].name)
         assert last.prompt_tokens == at_once.prompt_tokens
     abort_mid_flight(tight_server, streams[0])
+    unseen = media.write_clip(trace_path.parent / "unseen.mp4", "noise", num_frames=16, fps=4, seed=200)
+    abort_a_session_turn_mid_prefill(tight_server, trace_path, unseen)
     assert_nothing_held(trace_path)
     assert tight_server.alive() and stream_request(tight_server, streams[1], SETTINGS[0]).output_ids
 
@@ -164,6 +166,28 @@ def abort_mid_flight(server, segments) -> None:
             requests.post(f"{server.base_url}/abort_request", json={"rid": "aborted-stream"}, timeout=30)
             slow_down(server.base_url, None)
             turn.result(), stream.result()
+    finally:
+        slow_down(server.base_url, None)
+
+
+def abort_a_session_turn_mid_prefill(server, trace_path: Path, segment: Path) -> None:
+    """A session's turn aborted once its video is held (300 kept tokens: five 64-token chunks, forwards held back), its
+    session left open: SGLang drops a session turn's media without `release_features`."""
+    session, held_before = open_session(server.base_url, streaming=False), len(trace.read(trace_path, "video_held"))
+    slow_down(server.base_url, FORWARD_HOLD_S)
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            turn = pool.submit(requests.post, f"{server.base_url}/generate", timeout=300, json={
+                "text": chat_prompt(VIDEO), "video_data": [str(segment)], "rid": "aborted-turn",
+                "session_params": {"id": session}, "mm_processor_kwargs": {"video_pruning_rate": 0.25},
+                "sampling_params": {"max_new_tokens": 4}})  # fmt: skip
+            deadline = time.monotonic() + 60
+            while len(trace.read(trace_path, "video_held")) == held_before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(trace.read(trace_path, "video_held")) > held_before, "the turn's video was never held"
+            requests.post(f"{server.base_url}/abort_request", json={"rid": "aborted-turn"}, timeout=30)
+            slow_down(server.base_url, None)
+            turn.result()
     finally:
         slow_down(server.base_url, None)
 

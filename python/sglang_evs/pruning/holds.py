@@ -19,7 +19,8 @@ Released, whichever comes first:
   - by the forward that covers the request's last held video's last token (`release_consumed`; all of a request's
     videos together, so that a later chunk never encodes an earlier video again in a batch of its own);
   - when SGLang releases the request's media: finished, aborted in the queue or mid-prefill
-    (`release_media`, an AFTER hook on `MultimodalInputs.release_features`);
+    (`release_media`, an AFTER hook on `MultimodalInputs.release_features`; a session's turn, whose abort drops its
+    media without that call, `release_aborted_turn`);
   - the oldest first, when a new video needs the room (so a hold whose request went some other way cannot keep
     its bytes for good).
 A retracted request is a decoding one: its prefill, and so its holds, ended before. Two requests in flight with one
@@ -125,6 +126,12 @@ def release_media(result, mm_inputs, *args, **kwargs):
     for item in getattr(mm_inputs, "mm_items", None) or ():
         release(item, "media_released")
     return result
+
+
+def release_aborted_turn(req, *args, **kwargs) -> None:
+    """BEFORE hook on `Req.release_mm_inputs_on_abort`: a session turn aborted mid-prefill drops its media without
+    `release_features` (its session keeps the history), so its held rows go here."""
+    release_media(None, req.multimodal_inputs)
 
 
 def _record(event: str, item_key: int, nbytes: int, **fields) -> None:
