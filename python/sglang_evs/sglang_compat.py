@@ -108,6 +108,7 @@ INTERNALS: dict[str, str] = {
     "get_processor_wrapper": "sglang.srt.managers.tokenizer_manager:get_processor_wrapper",
     "determine_tensor_transport_mode": "sglang.srt.multimodal.transport:determine_tensor_transport_mode",
     "Req": "sglang.srt.managers.schedule_batch:Req",
+    "FINISH_ABORT": "sglang.srt.managers.schedule_batch:FINISH_ABORT",  # a request refused or aborted
     "ScheduleBatch": "sglang.srt.managers.schedule_batch:ScheduleBatch",
     "MultimodalInputs": "sglang.srt.managers.schedule_batch:MultimodalInputs",
     "SamplingParams": "sglang.srt.sampling.sampling_params:SamplingParams",

@@ -626,3 +626,28 @@ def test_a_session_turn_with_nothing_to_continue_gets_400_and_serving_goes_on(ev
         assert response.status_code == 400 and message in response.text, response.text
         close_session(evs_server.base_url, session)
     assert evs_server.alive() and video_request(evs_server, stream_of_four[0], q=0.5).output_ids
+
+
+def test_a_pipelined_session_turn_is_refused_and_the_server_serves_on(evs_server, clips):
+    """A live source does not wait for answers: the next turn of a streaming session sent while the one before it still
+    decodes gets HTTP 400 naming why (SGLang 0.5.23 refuses it, then appends its media anyway and its scheduler
+    stops, with or without the plugin: `sessions.refused_turn`), and the session goes on once that turn finished."""
+    session = open_session(evs_server.base_url)
+    turn = functools.partial(requests.post, f"{evs_server.base_url}/generate", timeout=300)
+    body = {"text": chat_prompt(VIDEO), "video_data": [str(clips["noise"])], "session_params": {"id": session},
+            "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}  # fmt: skip
+    slow_down(evs_server.base_url, FORWARD_HOLD_S)  # the first turn decodes for 4 s
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            first = pool.submit(turn, json=body)
+            time.sleep(4 * FORWARD_HOLD_S)
+            pipelined = turn(json={**body, "video_data": [str(clips["moving"])]})
+            slow_down(evs_server.base_url, None)
+            assert first.result().status_code == 200
+        assert pipelined.status_code == 400 and "already has an active request" in pipelined.text, pipelined.text
+        assert evs_server.alive()
+        after = turn(json={**body, "video_data": [str(clips["moving"])], "sampling_params": {"max_new_tokens": 2}})
+        assert after.status_code == 200, after.text
+    finally:
+        slow_down(evs_server.base_url, None)
+        close_session(evs_server.base_url, session)

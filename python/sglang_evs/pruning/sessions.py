@@ -19,14 +19,18 @@ turn is appended to its history.
 
 import torch
 
+from sglang_evs import sglang_compat
 from sglang_evs.pruning.fields import REGION_POSITIONS, is_pruned
-from sglang_evs.pruning.refusals import prompt_logprobs_refusal
+from sglang_evs.pruning.refusals import prompt_logprobs_refusal, serves_this_model
 
 
 def move_pruned_regions_with_the_turn(upstream, req, image_inputs, *args, **kwargs):
     """AROUND hook on `Req._extend_session_image_inputs(image_inputs)`: after SGLang moved the turn's positions
     ([3, turn tokens] -> the request's [3, history + turn tokens]), the turn's pruned videos' region positions
-    move by the same shift, read off the turn's first token."""
+    move by the same shift, read off the turn's first token. A turn SGLang refused already is not appended
+    (`refused_turn`)."""
+    if refused_turn(req):
+        return None
     turn = image_inputs.mrope_positions
     result = upstream(req, image_inputs, *args, **kwargs)
     moved = req.multimodal_inputs.mrope_positions if req.multimodal_inputs is not None else None
@@ -40,6 +44,16 @@ def move_pruned_regions_with_the_turn(upstream, req, image_inputs, *args, **kwar
             region = item.model_specific_data[REGION_POSITIONS]
             item.set(REGION_POSITIONS, region + shift.to(region.device, region.dtype))
     return result
+
+
+def refused_turn(req) -> bool:
+    """A session turn SGLang refused as it created it, for the models the plugin serves. The case met: a streaming
+    session's next turn sent while the one before it still runs ("Streaming session already has an active request.",
+    what a live source that does not wait for answers sends). SGLang 0.5.23 sets the refusal, cutting the turn's
+    prompt to one token, then still appends the turn's media to the session's history, and its scheduler stops there
+    ("upper bound and lower bound inconsistent with step sign", every request in flight lost). Not appended, the turn
+    is answered with the refusal (HTTP 400) and the session serves on."""
+    return isinstance(req.to_finish, sglang_compat.FINISH_ABORT) and serves_this_model()
 
 
 def session_shift(turn: torch.Tensor, moved: torch.Tensor, turn_start: int) -> torch.Tensor:
