@@ -60,6 +60,27 @@ def test_a_pruned_videos_region_positions_move_where_sglang_moved_its_rows(histo
     assert torch.equal(unpruned.model_specific_data[REGION_POSITIONS], TURN_POSITIONS[:, REGION])  # not the plugin's
 
 
+@pytest.mark.parametrize("served", [True, False], ids=["served model", "another model"])
+def test_a_turn_sglang_refused_is_not_appended_where_the_plugin_serves_the_model(monkeypatch, served):
+    """A streaming session's turn sent while the one before it runs: SGLang refuses it (its prompt cut to one token)
+    and still appends its media, which stops the scheduler; for the models the plugin serves it is not appended."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    from sglang_evs.pruning import sessions
+
+    monkeypatch.setattr(sessions, "serves_this_model", lambda: served)
+    past = MultimodalInputs(mm_items=[], mrope_positions=torch.arange(10).expand(3, -1).clone())
+    req = types.SimpleNamespace(_session_mm_items=[], full_untruncated_fill_ids=array("q"), multimodal_inputs=past,
+                                origin_input_ids=array("q", [0]), to_finish=FINISH_ABORT("active request"))  # fmt: skip
+    turn = MultimodalInputs(mm_items=[video_item(pruned=True)], mrope_positions=TURN_POSITIONS.clone())
+    if not served:  # upstream's own path, left to it
+        with pytest.raises(RuntimeError, match="inconsistent with step sign"):
+            move_pruned_regions_with_the_turn(Req._extend_session_image_inputs, req, turn)
+        return
+    move_pruned_regions_with_the_turn(Req._extend_session_image_inputs, req, turn)
+    assert req.multimodal_inputs is past and req._session_mm_items == []
+
+
 class _SessionTurn(types.SimpleNamespace):
     """The parts of SGLang's Req the scheduler-side refusal reads and sets."""
 

@@ -53,7 +53,7 @@ def refused_turn(req) -> bool:
     prompt to one token, then still appends the turn's media to the session's history, and its scheduler stops there
     ("upper bound and lower bound inconsistent with step sign", every request in flight lost). Not appended, the turn
     is answered with the refusal (HTTP 400) and the session serves on."""
-    return isinstance(req.to_finish, sglang_compat.FINISH_ABORT) and serves_this_model()
+    return isinstance(getattr(req, "to_finish", None), sglang_compat.FINISH_ABORT) and serves_this_model()
 
 
 def session_shift(turn: torch.Tensor, moved: torch.Tensor, turn_start: int) -> torch.Tensor:
