@@ -91,6 +91,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("release_media"), holds.release_media, after)
     register(sglang.hook_target("release_aborted_turn"), holds.release_aborted_turn, sglang.HookType.BEFORE)
     register(sglang.hook_target("validate_request"), streams.refuse_streams_nothing_serves, sglang.HookType.BEFORE)
+    register(sglang.hook_target("validate_request"), stream_sessions.forget_refused_turn, around)
     register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
     register(sglang.hook_target("chat_to_generate_request"), carry_chat_pruning_setting, after)
     register(sglang.hook_target("dispatch_to_encoder"), disaggregated.carry_pruning_to_encoders, sglang.HookType.BEFORE)

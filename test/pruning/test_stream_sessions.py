@@ -76,7 +76,8 @@ def test_closing_a_session_drops_its_end_and_its_unfinished_turns():
     streams.record_turn("t2", turn(), end(32))
     streams.record_turn("other", turn("o"), end(8))
     streams.forget("s")
-    assert streams.held_bytes() == 0 and list(streams.pending) == ["other"] and "s" not in streams.streaming
+    assert list(streams.pending) == ["other"] and "s" not in streams.streaming
+    assert streams.held_bytes() == GROUP_BYTES  # the other session's unfinished turn only
 
 
 def test_past_the_bound_the_least_recently_used_sessions_patches_are_let_go(monkeypatch):
@@ -138,3 +139,22 @@ def test_the_tokenizers_outputs_commit_finished_turns_of_a_served_model():
         assert list(streams.pending) == ["t2"] and streams.sessions["s"].last_rid == "q"
     finally:
         stream_sessions.SESSION_STREAMS = saved
+
+
+def test_unfinished_turns_count_under_the_bound_and_a_refused_one_keeps_nothing(monkeypatch):
+    """Turns recorded and never finished (refused where the tokenizer does not see it) hold at most the bound; one
+    refused in validation drops its record, and the refusal still reaches the client."""
+    streams = streaming_session()
+    monkeypatch.setattr(stream_sessions, "SESSION_STREAMS", streams)
+    monkeypatch.setenv(stream_sessions.BOUND_ENV, str(3 * GROUP_BYTES / 2**20))  # three groups
+    for index in range(10):
+        streams.record_turn(f"r{index}", turn(), end(16))
+    assert streams.held_bytes() <= 3 * GROUP_BYTES and len(streams.pending) == 10
+    assert streams.pending["r9"][1].patches is not None  # the newest kept, the oldest let go first
+
+    def refuse(manager, obj):
+        raise ValueError("longer than the model's context")
+
+    with pytest.raises(ValueError, match="context"):
+        stream_sessions.forget_refused_turn(refuse, None, SimpleNamespace(rid="r9"))
+    assert "r9" not in streams.pending and streams.held_bytes() == 2 * GROUP_BYTES

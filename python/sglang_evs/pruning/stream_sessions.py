@@ -14,11 +14,13 @@ out alone, so it keeps, per session, the way SGLang's session keeps its turns:
   - closing the session drops it all (`forget_closed_session`).
 
 One end per session: the held bytes of a stream are one group of patches, whatever the number of its turns. All
-sessions' patches together stay under `SGLANG_EVS_STREAM_STATE_MB` (default 256); past it the least recently used
-session's patches are let go, and its next segment is scored as a stream's first (its first group kept whole); its
-timestamps still continue. A turn appends to the session's last finished turn in a streaming session; in a session
-opened without streaming SGLang appends a turn to the one `session_params.rid` names and to nothing without it, so a
-stream turn there names the session's last turn, or it is refused. Kept for the models the plugin serves only.
+sessions' patches together, with those of turns not finished yet, stay under `SGLANG_EVS_STREAM_STATE_MB` (default
+256); a turn refused in the tokenizer after its media were processed drops its own (`forget_refused_turn`). Past the
+bound the least recently used session's patches are let go (then the oldest unfinished turn's), and its next
+segment is scored as a stream's first (its first group kept whole); its timestamps still continue. A turn appends
+to the session's last finished turn in a streaming session; in a session opened without streaming SGLang appends a
+turn to the one `session_params.rid` names and to nothing without it, so a stream turn there names the session's
+last turn, or it is refused. Kept for the models the plugin serves only.
 """
 
 import logging
@@ -117,6 +119,11 @@ class SessionStreams:
         self.pending[rid] = (turn.session_id, end)
         while len(self.pending) > MAX_PENDING:
             self.pending.popitem(last=False)
+        self._let_go_past_the_bound()
+
+    def refused(self, rid: str) -> None:
+        """A turn SGLang refused after its media were processed (it never reaches the scheduler, never finishes)."""
+        self.pending.pop(rid, None)
 
     def finished(self, rid: str, session_id: str, aborted: bool, prompt: int = 0, reply: int = 0) -> None:
         """A session turn finished (one that had a video recorded, or any other): unless aborted, it is the
@@ -146,7 +153,9 @@ class SessionStreams:
         trace.record("stream_state", session=session_id, bytes=0, held=self.held_bytes())
 
     def held_bytes(self) -> int:
-        return sum(record.end.nbytes for record in self.sessions.values() if record.end is not None)
+        """The patches kept: the sessions' ends and the ends of turns not finished yet."""
+        committed = sum(record.end.nbytes for record in self.sessions.values() if record.end is not None)
+        return committed + sum(end.nbytes for _, end in self.pending.values())
 
     def _appends_to(self, turn: SessionTurn) -> str | None:
         """The turn SGLang appends this one to: the one it names, else the last in a streaming session."""
@@ -156,14 +165,24 @@ class SessionStreams:
         return record.last_rid if record is not None else None
 
     def _let_go_past_the_bound(self) -> None:
+        """Past the bound, patches go, the least recently used first: sessions' ends, then turns not finished (the
+        oldest first: a turn SGLang refused in a way the tokenizer never sees keeps none for good). A turn after
+        one let go is scored as a stream's first; its timestamps still continue."""
         bound = int(float(os.environ.get(BOUND_ENV, DEFAULT_BOUND_MB)) * 2**20)
         held = self.held_bytes()
         for session_id, record in self.sessions.items():
             if held <= bound:
-                break
+                return
             if record.end is not None and record.end.patches is not None:
                 held -= record.end.nbytes
                 record.end = replace(record.end, patches=None)
+                logger.warning("sglang-evs: %s of session %s let go (%s)", STREAM_SETTING, session_id, BOUND_ENV)
+        for rid, (session_id, end) in self.pending.items():
+            if held <= bound:
+                return
+            if end.patches is not None:
+                held -= end.nbytes
+                self.pending[rid] = (session_id, replace(end, patches=None))
                 logger.warning("sglang-evs: %s of session %s let go (%s)", STREAM_SETTING, session_id, BOUND_ENV)
 
 
@@ -183,6 +202,16 @@ async def commit_finished_turns(upstream, manager, recv_obj, *args, **kwargs):
                 lengths = (recv_obj.prompt_tokens[index], recv_obj.completion_tokens[index]) if not aborted else (0, 0)
                 SESSION_STREAMS.finished(rid, turn.session_id, aborted, *lengths)
     return await upstream(manager, recv_obj, *args, **kwargs)
+
+
+def forget_refused_turn(upstream, manager, obj, *args, **kwargs):
+    """AROUND hook on `TokenizerManager._validate_one_request`: a turn refused there, after its media were processed
+    (a prompt longer than the context, ...), never reaches the scheduler: what was recorded for it goes."""
+    try:
+        return upstream(manager, obj, *args, **kwargs)
+    except Exception:
+        SESSION_STREAMS.refused(getattr(obj, "rid", None))
+        raise
 
 
 async def note_streaming_session(upstream, manager, obj, *args, **kwargs):
