@@ -17,11 +17,11 @@ import statistics
 from pathlib import Path
 
 from sglang_evs import trace
+from sglang_evs.bench.launch import benchmark_model
 from sglang_evs.bench.ratios import round_ratio
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import VIDEO, chat_prompt, generate, media_kwargs, per_request_rate
 from sglang_evs.testing.server import running_server
-from sglang_evs.testing.tiny_model import build_tiny_model
 
 
 def processing_ms(base_url: str, trace_path: Path, clip: Path, rate: float) -> float:
@@ -52,9 +52,7 @@ def main() -> None:
     ]
     trace_path = work / "trace.jsonl"
     trace_path.unlink(missing_ok=True)
-    model = args.model_path or work / "qwen3-vl-tiny"
-    if args.model_path is None and not model.exists():
-        build_tiny_model(model, profile="tiny")
+    model = benchmark_model(args.model_path, work)
     with running_server(model, work / "server.log", ["--dtype", "float32"], {trace.ENV: str(trace_path)}) as server:
         for clip, rate in zip(clips[:2], (0.0, args.rate), strict=True):  # warm-up: SGLang's first media request
             processing_ms(server.base_url, trace_path, clip, rate)

@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import requests
 
+from sglang_evs.bench.launch import benchmark_model
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import VIDEO, chat_prompt, generate, open_session
 from sglang_evs.testing.server import running_server
-from sglang_evs.testing.tiny_model import build_tiny_model
 
 TOO_MANY = 10**6  # new tokens: past any context, refused in the tokenizer's validation
 
@@ -56,9 +56,7 @@ def main() -> None:
         media.write_clip(work / f"seg-{i}.mp4", "noise", fps=4, num_frames=8, height=height, width=width, seed=i)
         for i in range(args.turns + 1)
     ]
-    model = args.model_path or work / "qwen3-vl-tiny"
-    if args.model_path is None and not model.exists():
-        build_tiny_model(model, profile="tiny")
+    model = benchmark_model(args.model_path, work)
     args_ = ["--dtype", "float32", "--enable-streaming-session"]
     with running_server(model, work / "server.log", args_) as server:
         pid = server.process.pid  # the launcher's process: SGLang's tokenizer manager and HTTP server

@@ -41,3 +41,15 @@ def serving(
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with running_server(model_path, log_path, server_args, env, timeout, cpu=on_cpu(server_args)) as server:
         yield server
+
+
+def benchmark_model(model_path: str | Path | None, work: Path) -> Path:
+    """The checkpoint a CPU benchmark serves: `model_path`, or the tiny Qwen3-VL, built once in `work`."""
+    from sglang_evs.testing.tiny_model import build_tiny_model
+
+    if model_path is not None:
+        return Path(model_path)
+    model = work / "qwen3-vl-tiny"
+    if not model.exists():
+        build_tiny_model(model, profile="tiny")
+    return model
