@@ -78,6 +78,8 @@ def test_closing_a_session_drops_its_end_and_its_unfinished_turns():
     streams.forget("s")
     assert list(streams.pending) == ["other"] and "s" not in streams.streaming
     assert streams.held_bytes() == GROUP_BYTES  # the other session's unfinished turn only
+    streams.finished("t2", "s", aborted=False)  # the turn that ran while its session was closed
+    assert "s" not in streams.sessions and streams.held_bytes() == GROUP_BYTES
 
 
 def test_past_the_bound_the_least_recently_used_sessions_patches_are_let_go(monkeypatch):
@@ -158,3 +160,16 @@ def test_unfinished_turns_count_under_the_bound_and_a_refused_one_keeps_nothing(
     with pytest.raises(ValueError, match="context"):
         stream_sessions.forget_refused_turn(refuse, None, SimpleNamespace(rid="r9"))
     assert "r9" not in streams.pending and streams.held_bytes() == 2 * GROUP_BYTES
+
+
+def test_a_session_id_opened_again_after_its_close_keeps_its_turns(monkeypatch):
+    streams = SessionStreams()
+    monkeypatch.setattr(stream_sessions, "SESSION_STREAMS", streams)
+    streams.forget("s")
+
+    async def open_upstream(manager, obj):
+        return "s"
+
+    assert asyncio.run(stream_sessions.note_streaming_session(open_upstream, None, SimpleNamespace(streaming=True)))
+    streams.finished("t1", "s", aborted=False)
+    assert streams.sessions["s"].last_rid == "t1" and "s" in streams.streaming

@@ -82,6 +82,7 @@ class SessionStreams:
         self.sessions: OrderedDict[str, SessionRecord] = OrderedDict()
         self.pending: OrderedDict[str, tuple[str, StreamEnd]] = OrderedDict()  # rid -> (session, end)
         self.streaming: set[str] = set()  # sessions opened with `streaming`
+        self.closed: OrderedDict[str, None] = OrderedDict()  # the last MAX_SESSIONS closed: no turn re-creates them
 
     def continued_end(self, turn: SessionTurn) -> StreamEnd:
         """The end a `video_stream` turn continues. ValueError (HTTP 400) naming why there is none."""
@@ -129,7 +130,7 @@ class SessionStreams:
         """A session turn finished (one that had a video recorded, or any other): unless aborted, it is the
         session's last turn, its end the session's where it had a video."""
         _, end = self.pending.pop(rid, (None, None))
-        if aborted:
+        if aborted or session_id in self.closed:  # a turn that ran while its session was closed
             return
         record = self.sessions.setdefault(session_id, SessionRecord())
         self.sessions.move_to_end(session_id)
@@ -148,6 +149,9 @@ class SessionStreams:
 
     def forget(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
+        self.closed[session_id] = None
+        while len(self.closed) > MAX_SESSIONS:
+            self.closed.popitem(last=False)
         self.streaming.discard(session_id)
         self.pending = OrderedDict((rid, entry) for rid, entry in self.pending.items() if entry[0] != session_id)
         trace.record("stream_state", session=session_id, bytes=0, held=self.held_bytes())
@@ -217,8 +221,10 @@ def forget_refused_turn(upstream, manager, obj, *args, **kwargs):
 async def note_streaming_session(upstream, manager, obj, *args, **kwargs):
     """AROUND hook on `TokenizerManager.open_session`: which sessions append each turn to the last."""
     session_id = await upstream(manager, obj, *args, **kwargs)
-    if session_id is not None and getattr(obj, "streaming", False):
-        SESSION_STREAMS.streaming.add(session_id)
+    if session_id is not None:
+        SESSION_STREAMS.closed.pop(session_id, None)  # an id a client opens again after closing it
+        if getattr(obj, "streaming", False):
+            SESSION_STREAMS.streaming.add(session_id)
     return session_id
 
 
