@@ -91,7 +91,7 @@ def on_cpu_route(argv: list[str], env: Mapping[str, str]) -> bool:
 
 
 def main() -> None:
-    if HELP_FLAGS[0] in sys.argv[1:] or HELP_FLAGS[1] in sys.argv[1:]:
+    if any(flag in sys.argv[1:] for flag in HELP_FLAGS):
         print(pruning_flags_help())
         print("SGLang's flags (python -m sglang.launch_server --help):\n", flush=True)
     try:

@@ -292,11 +292,9 @@ def _serve() -> None:
             while _session_of(pid) not in (pid, None):  # the caller may signal its group from now on
                 time.sleep(0.001)
             reply: dict = {"pid": pid}
-        elif "poll" in request:
+        else:  # {"poll": pid}
             done, status = os.waitpid(request["poll"], os.WNOHANG)
             reply = {"returncode": os.waitstatus_to_exitcode(status) if done else None}
-        else:
-            reply = {"ready": True}
         out.write(json.dumps(reply) + "\n")
         out.flush()
 
