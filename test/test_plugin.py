@@ -191,3 +191,35 @@ def test_several_tokenizer_workers_import_the_app_that_loads_the_plugin(tiny_mod
     with pytest.raises(plugin.UnsupportedServerArgsError, match=message):
         plugin.refuse_unsupported_server_args(None, _server_args(tiny_model_dir, tokenizer_worker_num=2))
     plugin.refuse_unsupported_server_args(None, _server_args(tiny_gemma3_dir, tokenizer_worker_num=2))  # not ours
+
+
+def test_the_held_videos_bound_is_reserved_where_a_scheduler_holds_them(tiny_model_dir, tiny_gemma3_dir, monkeypatch,
+                                                                         caplog):  # fmt: skip
+    """SGLang's multimodal reservation grows by the holds' bound for this project's models, in the processes that
+    encode videos for a language model; every other model and role keeps SGLang's."""
+    from sglang_evs import sglang_compat
+    from sglang_evs.pruning import holds
+
+    monkeypatch.setenv(holds.BOUND_ENV, "512")
+    roles = {"encoder_only": False, "language_only": False, "disaggregation_mode": "null"}
+
+    def upstream(*, is_multimodal: bool, mm_feature_transport) -> float:
+        return 0.25 if is_multimodal else 0.0
+
+    cases = [(_server_args(tiny_model_dir, **roles), True, 0.75), (_server_args(tiny_gemma3_dir, **roles), True, 0.25),
+             (_server_args(tiny_model_dir, **roles), False, 0.0),
+             (_server_args(tiny_model_dir, **{**roles, "encoder_only": True}), True, 0.25),
+             (_server_args(tiny_model_dir, **{**roles, "disaggregation_mode": "decode"}), True, 0.25)]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="sglang_evs"):
+        for server_args, multimodal, expected in cases:
+            monkeypatch.setattr(sglang_compat, "get_server_args", lambda args=server_args: args)
+            got = plugin.reserve_held_videos(upstream, is_multimodal=multimodal, mm_feature_transport=None)
+            assert got == expected, (server_args, multimodal)
+    assert caplog.text.count("reserving 0.50 GB of the KV budget") == 1, caplog.text
+
+
+def test_the_default_hold_bound_is_a_share_of_the_device_capped_at_4_gib():
+    from sglang_evs.pruning import holds
+
+    assert holds.default_bound_mb(24 * 10**9) < 700  # a 24-GB card keeps most of its KV budget for the KV
+    assert holds.default_bound_mb(143 * 2**30) == 4096  # an H200

@@ -93,6 +93,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("validate_request"), streams.refuse_streams_nothing_serves, sglang.HookType.BEFORE)
     register(sglang.hook_target("validate_request"), stream_sessions.forget_refused_turn, around)
     register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
+    register(sglang.hook_target("multimodal_reservation"), reserve_held_videos, around)
     register(sglang.hook_target("chat_to_generate_request"), carry_chat_pruning_setting, after)
     register(sglang.hook_target("dispatch_to_encoder"), disaggregated.carry_pruning_to_encoders, sglang.HookType.BEFORE)
     register(sglang.hook_target("encoder_video_entries"), disaggregated.settings_to_video_entries, after)
@@ -146,6 +147,29 @@ def refuse_unsupported_server_args(result, server_args, *args, **kwargs):
     refuse_pruning_nothing_reads(server_args)
     load_plugin_in_tokenizer_workers(server_args)
     return result
+
+
+def reserve_held_videos(original, *args, **kwargs) -> float:
+    """AROUND hook on SGLang's `mm_runtime_reservation_gb`, the GB of the KV budget SGLang keeps for multimodal
+    allocations made after the pool is sized (its embedding cache): for a model this plugin serves, also the bound of
+    the encoded videos a scheduler holds between chunks (`pruning/holds.py`), so the KV pool is that much smaller
+    and the holds fit the memory SGLang planned. Servers that hold none (encoder-only, language-only, decode)
+    reserve nothing more."""
+    from sglang_evs import sglang_compat as sglang
+    from sglang_evs.pruning import holds
+    from sglang_evs.served import SERVED
+
+    reserved = original(*args, **kwargs)
+    server_args = sglang.get_server_args()
+    if not kwargs.get("is_multimodal", args[0] if args else False) or server_args is None:
+        return reserved
+    holds_nothing = server_args.encoder_only or server_args.language_only or server_args.disaggregation_mode == "decode"
+    if holds_nothing or checkpoint_architecture(server_args) not in SERVED:
+        return reserved
+    held_gb = holds.bound_bytes() / 2**30
+    logger.info("sglang-evs: reserving %.2f GB of the KV budget for encoded videos held between chunks (%s)",
+                held_gb, holds.BOUND_ENV)  # fmt: skip
+    return reserved + held_gb
 
 
 # The HTTP app of a tokenizer worker: SGLang's, once the plugin is loaded (importing it loads SGLang's plugins)

@@ -149,6 +149,8 @@ HOOK_TARGETS: dict[str, str] = {
     "validate_request": "sglang.srt.managers.tokenizer_manager:TokenizerManager._validate_one_request",
     # validation of the server arguments, in the launching process before any subprocess starts
     "check_server_args": "sglang.srt.server_args:ServerArgs.check_server_args",
+    # the GPU bytes multimodal allocations take after the KV pool is sized, reserved out of its budget
+    "multimodal_reservation": "sglang.srt.mem_cache.kv_cache_configurator:mm_runtime_reservation_gb",
     # an OpenAI chat request turned into a GenerateReqInput (the pruning setting in chat_template_kwargs)
     "chat_to_generate_request": (
         "sglang.srt.entrypoints.openai.serving_chat:OpenAIServingChat._convert_to_internal_request"

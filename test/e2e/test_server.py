@@ -49,3 +49,9 @@ def test_plugin_loaded_in_every_server_process(tiny_server):
     loaded_in = {line.rsplit(" in ", 1)[1].rstrip(")") for line in announced}
     assert {"run_scheduler_process", "run_detokenizer_process"} <= loaded_in, announced
     assert len(announced) == len({line.split("pid ")[1] for line in announced}), "announced twice in a process"
+
+
+def test_the_held_videos_bound_is_reserved_out_of_the_kv_budget(tiny_server):
+    """The scheduler's log names the GB the plugin reserved beside SGLang's own multimodal reservation."""
+    reserved = [line for line in tiny_server.log().splitlines() if "sglang-evs: reserving" in line]
+    assert reserved and "GB of the KV budget for encoded videos held between chunks" in reserved[0], reserved

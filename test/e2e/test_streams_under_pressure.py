@@ -3,7 +3,9 @@ their prompts prefilled again later) and evicting sessions' history from the rad
 stream gets alone; and afterwards nothing of them held, in the scheduler (`pruning/holds.py`) or the tokenizer
 (`pruning/stream_sessions.py`), streams aborted mid-segment and sessions closed with a turn running included."""
 
+import functools
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +27,16 @@ from sglang_evs.testing.requests import (
     open_session,
 )
 from sglang_evs.testing.server import running_server
-from sglang_evs.testing.workload import FORWARD_HOLD_S, send_alone, send_together, slow_down
+from sglang_evs.testing.workload import (
+    FORWARD_HOLD_S,
+    all_arrived,
+    arrivals,
+    send_alone,
+    send_case,
+    send_together,
+    sent_while_held,
+    slow_down,
+)
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -208,22 +219,55 @@ def one_video_bound(tiny_model_dir, tmp_path_factory):
 
 
 def test_concurrent_videos_past_the_hold_bound_are_served_as_alone(one_video_bound, tmp_path):
-    """Three chunked videos prefilled together where the holds fit one: holding one lets another go while its request
-    still reads it (it is encoded again), and every request is served as it is alone; nothing held afterwards. (The
-    scheduler stopped here once: a video held at the start of a forward and let go by another's hold in that forward
-    was handed to SGLang as None.)"""
+    """Three chunked videos prefilled together where the holds fit one: every request is served as it is alone, the
+    holds never past their bound, nothing held afterwards. (The scheduler stopped here once: a video held at the
+    start of a forward and let go by another's hold in that forward was handed to SGLang as None.)"""
     server, trace_path = one_video_bound
     clips = [
         media.write_clip(tmp_path / f"c{seed}.mp4", "noise", num_frames=16, fps=4, seed=seed) for seed in (7, 8, 9)
     ]
     cases = [(chat_prompt(VIDEO), {"video_data": [str(clip)]}, 0.5) for clip in clips]
     alone = send_alone(server.base_url, cases)
-    released_before = len(trace.read(trace_path, "video_released"))
+    held_before = len(trace.read(trace_path, "video_held"))
     together, batched = send_together(server.base_url, cases, trace_path)
     assert batched[0] > 0, "the videos were never prefilled in one forward"
     for index, (got, want) in enumerate(zip(together, alone, strict=True)):
         assert_same_greedy(got, want, index)
-    evicted = [e for e in trace.read(trace_path, "video_released")[released_before:] if e["why"] == "evicted"]
-    assert evicted, "no hold was let go for another video: the bound does not bind"
+    held = [event["held_bytes"] for event in trace.read(trace_path, "video_held")[held_before:]]
+    assert held and max(held) <= ONE_VIDEO_MB * 2**20, held
     assert_no_rows_held(trace_path)
     assert server.alive()
+
+
+def test_past_the_hold_bound_each_video_is_encoded_at_most_twice_per_request(one_video_bound, tmp_path):
+    """Four videos of about eight 48-token chunks each, two waiting for a threshold (encoded as the scheduler admits
+    them), sent at once where the holds fit one video: alone, each is encoded once; together, a video whose room an
+    older request holds is not held, and its request encodes it again at its own first chunk, never a third time;
+    every answer as alone."""
+    server, trace_path = one_video_bound
+    settings = ({"video_pruning_rate": 0.5}, {"video_pruning_threshold": 0.9})
+    cases = [
+        (chat_prompt(VIDEO), {"video_data": [str(media.write_clip(tmp_path / f"long{seed}.mp4", "noise",
+                                                                   num_frames=16, fps=4, seed=seed))]},
+         settings[index % 2])
+        for index, seed in enumerate(range(40, 44))
+    ]  # fmt: skip
+    before = len(trace.read(trace_path, "video_encoded"))
+    alone = send_alone(server.base_url, cases)
+    assert set(encodes(trace_path, before).values()) == {1}, "alone, a video was encoded more than once"
+    flush_cache(server.base_url)
+    before, arrived = len(trace.read(trace_path, "video_encoded")), arrivals(trace_path)
+    not_held_before = len(trace.read(trace_path, "video_not_held"))
+    together = sent_while_held(server.base_url, functools.partial(send_case, server.base_url), cases,
+                               lambda: all_arrived(trace_path, arrived, len(cases)))  # fmt: skip
+    counts = encodes(trace_path, before)
+    assert len(counts) == len(cases) and max(counts.values()) <= 2, counts
+    assert trace.read(trace_path, "video_not_held")[not_held_before:], "every video was held: the bound does not bind"
+    for index, (got, want) in enumerate(zip(together, alone, strict=True)):
+        assert_same_greedy(got, want, (index, cases[index][2]))
+    assert_no_rows_held(trace_path)
+
+
+def encodes(trace_path: Path, before: int) -> Counter:
+    """How many times each video key went through the tower since the trace's first `before` encodes."""
+    return Counter(key for event in trace.read(trace_path, "video_encoded")[before:] for key in event["items"])

@@ -15,8 +15,8 @@ SETTING = {"threshold": 0.3, "token_budget": 0, "min_tokens_per_group": 0}
 
 class Item(SimpleNamespace):
     def __init__(self, modality: str, offsets: list, waits: bool = False):
-        super().__init__(modality=modality, offsets=offsets, model_specific_data={THRESHOLD: dict(SETTING)} if waits
-                         else {})  # fmt: skip
+        data = {THRESHOLD: dict(SETTING)} if waits else {}
+        super().__init__(modality=modality, offsets=offsets, hash=None, model_specific_data=data)
 
     def is_video(self) -> bool:
         return self.modality == "video"

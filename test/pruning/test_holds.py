@@ -47,16 +47,63 @@ def test_a_copy_of_the_item_finds_its_rows_as_another_rank_would():
     assert holds.held_rows(item) is None
 
 
-def test_rows_larger_than_the_bound_are_not_held_and_the_oldest_make_room(monkeypatch):
-    monkeypatch.setenv(holds.BOUND_ENV, str(1000 / 2**20))  # 1000 bytes
-    oldest, newer, newest, large = video((0, 3)), video((5, 8)), video((10, 13)), video((15, 100))
-    assert not holds.hold(large, torch.zeros(96, 8))  # 3072 bytes: never held
-    for item in (oldest, newer, newest):  # 384 bytes each: the third makes the oldest go
-        assert holds.hold(item, torch.zeros(4, 24))
-    assert holds.held_rows(oldest) is None and holds.held_rows(newer) is not None
-    assert holds.held_bytes() == 768 and holds.held_rows(large) is None
-    for item in (newer, newest):
+def arrived(*items: MultimodalDataItem) -> tuple[MultimodalDataItem, ...]:
+    """Each item's request reaches the scheduler, in this order."""
+    for item in items:
+        holds.note_arrival([item])
+    return items
+
+
+@pytest.fixture
+def bound_of_1000_bytes(monkeypatch):
+    monkeypatch.setenv(holds.BOUND_ENV, str(1000 / 2**20))
+
+
+def test_rows_larger_than_the_bound_are_never_held(bound_of_1000_bytes):
+    (large,) = arrived(video((15, 100)))
+    assert not holds.hold(large, torch.zeros(96, 8))  # 3072 bytes
+    assert holds.held_rows(large) is None and holds.held_bytes() == 0
+
+
+def test_a_newer_request_never_takes_the_room_an_older_one_reads_next(bound_of_1000_bytes):
+    """Held rows are let go only for an older request's video, the newest request's first; a video of the newest
+    request finds the room taken and is not held, nothing let go."""
+    oldest, older, newer, newest = arrived(*(video((5 * i, 5 * i + 3)) for i in range(4)))
+    assert holds.hold(newer, torch.zeros(4, 24)) and holds.hold(newest, torch.zeros(4, 24))  # 384 bytes each
+    assert holds.hold(oldest, torch.zeros(6, 24))  # 576 bytes: the newest request's go
+    assert holds.held_rows(newest) is None and holds.held_rows(newer) is not None
+    assert holds.hold(older, torch.zeros(4, 24))  # then the newer one's
+    assert holds.held_rows(newer) is None and holds.held_bytes() == 960
+    (late,) = arrived(video((40, 43)))
+    assert not holds.hold(late, torch.zeros(4, 24))
+    assert holds.held_rows(oldest) is not None and holds.held_rows(older) is not None
+    for item in (oldest, older):
         holds.release(item)
+
+
+def test_older_rows_are_let_go_only_where_that_frees_enough(bound_of_1000_bytes):
+    first, second, third = arrived(*(video((5 * i, 5 * i + 3)) for i in range(3)))
+    assert holds.hold(first, torch.zeros(4, 24)) and holds.hold(third, torch.zeros(4, 24))  # 768 bytes
+    assert not holds.hold(second, torch.zeros(9, 24))  # 864 bytes: the third's 384 would not make room
+    assert holds.held_rows(third) is not None and holds.held_bytes() == 768
+    for item in (first, third):
+        holds.release(item)
+
+
+def test_a_forwards_encodes_are_held_after_its_reads(bound_of_1000_bytes):
+    """The forward that covers a request's last video lets that request's held rows go before it holds what it
+    encoded, and holds nothing of a request it covered to the end; a newer request then finds the room."""
+    (old, old_second), (new,) = arrived(video((0, 3)), video((5, 8))), arrived(video((20, 23)))
+    finishing, starting = MultimodalInputs(mm_items=[old, old_second]), MultimodalInputs(mm_items=[new])
+    assert holds.hold(old, torch.zeros(4, 24))
+    encoded = [(old_second, torch.zeros(4, 24)), (new, torch.zeros(8, 24))]  # 768 bytes: fits once `old` is gone
+    holds.release_consumed([(finishing, 4, 5), (starting, 0, 10), (None, 0, 3)], encoded)
+    assert holds.held_rows(old) is None and holds.held_rows(old_second) is None
+    assert holds.held_rows(new) is not None and holds.held_bytes() == 768
+    holds.release_consumed([(starting, 10, 10)])  # tokens 10..19: its span (20..23) not yet
+    assert holds.held_rows(new) is not None
+    holds.release_consumed([(starting, 20, 5)])
+    assert holds.held_rows(new) is None
 
 
 def test_a_requests_videos_are_let_go_by_the_forward_that_covers_the_last_of_them():

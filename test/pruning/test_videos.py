@@ -117,7 +117,7 @@ def test_a_forgotten_keep_mask_is_computed_again_by_encoding_the_video_again():
     videos = PrunedVideos.__new__(PrunedVideos)
     videos.pad_token_id, videos.spatial_merge_size = video_token, 1
     videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), encode
-    videos.masks, videos.rank_group = OrderedDict(), None
+    videos.masks, videos.rank_group, videos.encoded_now = OrderedDict(), None, []
     item = VideoItem(region_ids, [2, 2, 2], 0.5, start=3)
 
     videos.features([item])
@@ -152,7 +152,7 @@ def test_the_models_mask_keeps_the_count_the_region_was_laid_out_with_under_a_bu
     videos = PrunedVideos.__new__(PrunedVideos)
     videos.pad_token_id, videos.spatial_merge_size = video_token, 1
     videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), lambda items: rows
-    videos.masks, videos.rank_group = OrderedDict(), None
+    videos.masks, videos.rank_group, videos.encoded_now = OrderedDict(), None, []
     for budget, floor in ((5, 0), (5, 2), (0, 3), (2, 1)):
         item = VideoItem(region_ids, [3, 2, 2], 0.25, start=0, key=hash((budget, floor)))
         item.model_specific_data.update({TOKEN_BUDGET: budget, MIN_TOKENS_PER_GROUP: floor})
@@ -181,7 +181,7 @@ def test_a_video_is_encoded_once_per_request_and_pruned_by_one_mask_whatever_a_l
     videos = PrunedVideos.__new__(PrunedVideos)
     videos.pad_token_id, videos.spatial_merge_size = video_token, 1
     videos.embed_tokens, videos.encode = torch.nn.Embedding(16, 4), encode
-    videos.masks, videos.rank_group = OrderedDict(), None
+    videos.masks, videos.rank_group, videos.encoded_now = OrderedDict(), None, []
     item = VideoItem(region_ids, [3, 2, 2], 0.5, start=3, key=4321)
     request = SimpleNamespace(mm_items=[item])
     layout = BatchLayout(SimpleNamespace(), torch.zeros(1), [(request, 3, 5)])  # a chunk ending inside the region

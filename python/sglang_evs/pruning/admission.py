@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from sglang_evs import sglang_compat as sglang
+from sglang_evs.pruning import holds
 from sglang_evs.pruning.deletion import delete_tokens
 from sglang_evs.pruning.fields import THRESHOLD, THRESHOLD_KEPT, VIDEO_TOKENS, awaits_threshold
 
@@ -48,9 +49,16 @@ def lay_out_at_admission(original, scheduler, recv_req, *args, **kwargs):
     """AROUND hook on Scheduler.handle_generate_request: a request whose videos wait for their threshold is laid
     out from their masks before SGLang builds its request. Where that fails, the request is failed as SGLang fails
     a request whose media could not be processed (its multimodal inputs an `MMInputsProcessError`: aborted, the
-    server serves on)."""
+    server serves on). Every request's media are noted in arrival order (`holds.note_arrival`)."""
     output = getattr(recv_req, "mm_inputs", None)
-    items = getattr(output, "mm_items", None) or ()
+    items = list(getattr(output, "mm_items", None) or ())
+    try:
+        return _lay_out(original, scheduler, recv_req, output, items, *args, **kwargs)
+    finally:
+        holds.note_arrival(item for item in items if item.is_video())
+
+
+def _lay_out(original, scheduler, recv_req, output, items, *args, **kwargs):
     if any(item.is_video() and awaits_threshold(item) for item in items):
         try:
             videos = scheduler.tp_worker.model_runner.model.pruned_videos

@@ -21,17 +21,29 @@ Released, whichever comes first:
   - when SGLang releases the request's media: finished, aborted in the queue or mid-prefill
     (`release_media`, an AFTER hook on `MultimodalInputs.release_features`; a session's turn, whose abort drops its
     media without that call, `release_aborted_turn`);
-  - the oldest first, when a new video needs the room (so a hold whose request went some other way cannot keep
-    its bytes for good).
+  - to make room for a video of an older request (`hold`), as below.
 A retracted request is a decoding one: its prefill, and so its holds, ended before. Two requests in flight with one
 video and one setting share its rows; the first to finish lets them go, and the other's later chunks encode it
 again, as SGLang does.
 
-Bound: `SGLANG_EVS_HELD_VIDEO_MB` (default `DEFAULT_BOUND_MB`) per process, counted over the storage the held rows
-keep alive. A video whose rows are larger than it is not held: its later chunks encode it again, as SGLang does, and
-it is pruned there by the keep-mask decided at its first (`PrunedVideos`), so the answer is the same.
+Bound: `SGLANG_EVS_HELD_VIDEO_MB` per process (default: `default_bound_mb`, a share of the model device's memory,
+reserved out of SGLang's KV budget by the plugin), counted over the storage the held rows keep alive. What is held
+is what later forwards read: a pruned video's kept rows, never its unpruned count. A forward's encodes are held after
+its reads (`release_consumed`): the videos it read for the last time are let go first, and a video whose request
+reads it for the last time in the forward that encodes it is not held at all.
+
+Past the bound, the work done is kept (`_room_for`): a new video may take the room of rows held for requests that
+reached the scheduler after its own, the newest first; never the rows an older request, admitted or prefilling,
+reads next. Where that frees too little, the video is not held and nothing is let go: its request encodes it again
+at its next chunk. SGLang prefills one chunked request at a time, and the room its older requests held is free once
+their last chunks ran, so a video is encoded at most twice per request (a threshold video queued behind a long
+prefill: at admission, then at its own first chunk). A video whose rows alone are larger than the bound is never
+held: each of its chunks encodes it, as SGLang does, pruned by the keep-mask decided at its first (`PrunedVideos`),
+so the answer is the same.
 """
 
+import functools
+import itertools
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -41,24 +53,44 @@ import torch
 from sglang_evs import trace
 
 BOUND_ENV = "SGLANG_EVS_HELD_VIDEO_MB"
-# 4 GiB: 32 concurrent 48-s clips of a Qwen3-VL-8B at q = .75 (about 80 MB of kept rows each, with deepstack),
-# or 12 unpruned ones; the tower's own activations for one such clip are larger than its rows.
-DEFAULT_BOUND_MB = 4096
+# The default bound: this share of the model device's memory, at most 4 GiB. A 24-GB card serving Qwen3-VL-8B in
+# bf16 (16.3 GiB of weights) keeps about 2.1 GiB of KV beside 0.7 GiB of holds: seven 48-s clips at q = .75 (about
+# 100 MB of kept rows each, with deepstack). An H200 reaches the cap: 40 such clips.
+DEFAULT_DEVICE_SHARE = 0.03
+DEFAULT_CAP_MB = 4096
+ARRIVALS_KEPT = 65536  # item keys whose requests' arrival order is remembered (`note_arrival`)
 
 
 @dataclass(eq=False)
 class Held:
     rows: torch.Tensor
     storage: int  # the key of the storage the rows keep alive (`_storages`)
+    arrival: int  # the arrival order of the oldest request that reads it (`note_arrival`)
 
 
 _held: OrderedDict[int, Held] = OrderedDict()  # item key -> its rows, oldest first
 # storage key -> [bytes, how many held rows keep it alive]: several items' rows may be views of one tower call
 _storages: dict[int, list[int]] = {}
+_arrivals: OrderedDict[int, int] = OrderedDict()  # item key -> the order its oldest request reached the scheduler
+_arrival_count = itertools.count()
+
+
+def default_bound_mb(device_bytes: int) -> float:
+    return min(float(DEFAULT_CAP_MB), DEFAULT_DEVICE_SHARE * device_bytes / 2**20)
+
+
+@functools.cache
+def _device_bytes() -> int:
+    """The memory of the device the model runs on: this process's GPU, or the host's on the CPU route."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def bound_bytes() -> int:
-    return int(float(os.environ.get(BOUND_ENV, DEFAULT_BOUND_MB)) * 2**20)
+    configured = os.environ.get(BOUND_ENV)
+    megabytes = float(configured) if configured is not None else default_bound_mb(_device_bytes())
+    return int(megabytes * 2**20)
 
 
 def held_bytes() -> int:
@@ -71,24 +103,63 @@ def held_rows(item) -> torch.Tensor | None:
     return None if held is None else held.rows
 
 
+def note_arrival(items) -> None:
+    """A request reached the scheduler with these media items: their keys take its arrival order (the first
+    request's, where two carry one video). Every rank receives the same requests in the same order."""
+    order = next(_arrival_count)
+    for item in items:
+        if item.hash is not None and item.hash not in _arrivals:
+            _arrivals[item.hash] = order
+    while len(_arrivals) > ARRIVALS_KEPT:
+        _arrivals.popitem(last=False)
+
+
 def hold(item, rows: torch.Tensor) -> bool:
-    """Hold `rows` ([tokens, width], the item's encoded rows as the getter returned them) under the item's key; the
-    oldest holds make room if needed. False where the rows alone are larger than the bound (the item is then encoded
-    again by a later chunk that needs it)."""
+    """Hold `rows` ([tokens, width], the item's encoded rows as the getter returned them) under the item's key, if
+    there is room (`_room_for`). False where they are not held."""
     if item.hash in _held:
         return True
     storage = rows.untyped_storage()
     key = storage.data_ptr()
     extra = 0 if key in _storages else storage.nbytes()
+    arrival = _arrivals.get(item.hash)
+    if arrival is None:  # keyed after its request arrived (a device handle): as a request arriving now
+        arrival = _arrivals[item.hash] = next(_arrival_count)
     if extra > bound_bytes():
-        _record("video_not_held", item.hash, extra)
+        _record("video_not_held", item.hash, extra, why="larger_than_bound")
         return False
-    while extra and held_bytes() + extra > bound_bytes():
-        _let_go(next(iter(_held)), "evicted")
+    room = _room_for(extra, arrival)
+    if room is None:
+        _record("video_not_held", item.hash, extra, why="older_requests_hold_the_bound")
+        return False
+    for victim in room:
+        _let_go(victim, "evicted")
     _storages.setdefault(key, [storage.nbytes(), 0])[1] += 1
-    _held[item.hash] = Held(rows, key)
-    _record("video_held", item.hash, extra)
+    _held[item.hash] = Held(rows, key, arrival)
+    _record("video_held", item.hash, extra, arrival=arrival)
     return True
+
+
+def _room_for(extra: int, arrival: int) -> list[int] | None:
+    """The held keys to let go so that `extra` more bytes fit the bound, for a video whose request arrived `arrival`:
+    rows of requests that arrived after it, the newest first. None where letting all of those go would not free
+    enough (then none go)."""
+    free = bound_bytes() - held_bytes()
+    if extra <= free:
+        return []
+    newer = sorted((key for key, held in _held.items() if held.arrival > arrival),
+                   key=lambda key: _held[key].arrival, reverse=True)  # fmt: skip
+    users = {storage: count for storage, (_, count) in _storages.items()}
+    chosen = []
+    for key in newer:
+        storage = _held[key].storage
+        users[storage] -= 1
+        if users[storage] == 0:
+            free += _storages[storage][0]
+        chosen.append(key)
+        if extra <= free:
+            return chosen
+    return None
 
 
 def release(item, why: str = "consumed") -> None:
@@ -108,16 +179,24 @@ def _let_go(item_key: int, why: str) -> None:
     _record("video_released", item_key, 0, why=why)
 
 
-def release_consumed(requests) -> None:
-    """After an extend forward's features were fetched: release each request's held videos once the forward covered
-    the last token of the last of them. `requests`: (mm_inputs or None, prefix_len, extend_len) per request."""
-    if not _held:
-        return
+def release_consumed(requests, encoded=()) -> None:
+    """After an extend forward's features were fetched: each request's held videos let go once the forward covered
+    the last token of the last of them, then what the forward encoded held for the requests that read it later.
+    Holding after the forward's reads, not as it encodes, lets the videos it read for the last time make room first.
+    `requests`: (mm_inputs or None, prefix_len, extend_len) per request; `encoded`: (item, rows) per video encoded."""
+    read_later = set()
     for mm_inputs, prefix, extend in requests:
-        held = [item for item in (mm_inputs.mm_items if mm_inputs is not None else ()) if item.hash in _held]
-        if held and prefix + extend > max(item.offsets[-1][1] for item in held):
-            for item in held:
+        videos = [item for item in (mm_inputs.mm_items if mm_inputs is not None else ()) if item.is_video()]
+        if not videos:
+            continue
+        if prefix + extend > max(item.offsets[-1][1] for item in videos):
+            for item in videos:
                 release(item)
+        else:
+            read_later.update(item.hash for item in videos)
+    for item, rows in encoded:
+        if item.hash in read_later:
+            hold(item, rows)
 
 
 def release_media(result, mm_inputs, *args, **kwargs):
@@ -125,6 +204,7 @@ def release_media(result, mm_inputs, *args, **kwargs):
     its held rows go too. Items of any other model hold nothing."""
     for item in getattr(mm_inputs, "mm_items", None) or ():
         release(item, "media_released")
+        _arrivals.pop(item.hash, None)
     return result
 
 

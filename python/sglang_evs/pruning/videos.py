@@ -109,6 +109,7 @@ class PrunedVideos:
         self.embed_tokens = embed_tokens
         self.encode = encode
         self.masks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.encoded_now: list[tuple] = []  # (item, rows) the running forward encoded, held after it (`holds`)
         self.rank_group = sglang.same_batch_group()  # None at one rank
 
     def decide_threshold(self, item) -> torch.Tensor:
@@ -129,17 +130,19 @@ class PrunedVideos:
 
     def features(self, items: list) -> list[torch.Tensor]:
         """The model's video getter: one [tokens, width] tensor per item, each encoded once per request (`holds`)."""
-        rows = {id(item): held_rows(item) for item in items}  # taken first: holding a miss may let another go
+        encoded_now = {item.hash: rows for item, rows in self.encoded_now}  # another request's call, this forward
+        rows = {id(item): held_rows(item) if item.hash not in encoded_now else encoded_now[item.hash] for item in items}
         misses = [item for item in items if rows[id(item)] is None]
         if misses:
             rows.update(zip(map(id, misses), self._encoded(misses), strict=True))
-        for item in misses:
-            hold(item, rows[id(item)])
+            self.encoded_now += [(item, rows[id(item)]) for item in misses]
         return [rows[id(item)] for item in items]
 
     def release_consumed(self, layout: BatchLayout) -> None:
-        """After a forward's features were fetched: its requests' held videos whose last chunk it was let go."""
-        release_consumed(layout.requests)
+        """After a forward's features were fetched: its requests' held videos whose last chunk it was let go, and
+        what it encoded held for the requests that read it later (`holds.release_consumed`)."""
+        encoded, self.encoded_now = self.encoded_now, []
+        release_consumed(layout.requests, encoded)
 
     def _encoded(self, items: list) -> list[torch.Tensor]:
         """Each item's rows, from the tower (a decided threshold video's kept rows, a pruned video's region)."""
