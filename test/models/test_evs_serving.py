@@ -628,26 +628,44 @@ def test_a_session_turn_with_nothing_to_continue_gets_400_and_serving_goes_on(ev
     assert evs_server.alive() and video_request(evs_server, stream_of_four[0], q=0.5).output_ids
 
 
-def test_a_pipelined_session_turn_is_refused_and_the_server_serves_on(evs_server, clips):
-    """A live source does not wait for answers: the next turn of a streaming session sent while the one before it still
-    decodes gets HTTP 400 naming why (SGLang 0.5.23 refuses it, then appends its media anyway and its scheduler
-    stops, with or without the plugin: `sessions.refused_turn`), and the session goes on once that turn finished."""
-    session = open_session(evs_server.base_url)
-    turn = functools.partial(requests.post, f"{evs_server.base_url}/generate", timeout=300)
-    body = {"text": chat_prompt(VIDEO), "video_data": [str(clips["noise"])], "session_params": {"id": session},
-            "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}  # fmt: skip
-    slow_down(evs_server.base_url, FORWARD_HOLD_S)  # the first turn decodes for 4 s
-    try:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            first = pool.submit(turn, json=body)
-            time.sleep(4 * FORWARD_HOLD_S)
-            pipelined = turn(json={**body, "video_data": [str(clips["moving"])]})
+def test_a_pipelined_stream_turn_is_served_after_the_one_before_it(evs_server, stream_of_four):
+    """A live source does not wait for answers: the next segment of a streaming session sent while the turn before it
+    still decodes waits for it in the tokenizer (`stream_sessions.queue_pipelined_turn`), then is served exactly as
+    the same segment sent once that turn finished: its prompt, kept and greedy tokens. (SGLang refuses such a turn,
+    and 0.5.23 then stops its scheduler: `sessions.refused_turn` still guards that path.)"""
+    settings = {"video_pruning_rate": 0.5}
+
+    def second_turn(pipelined: bool):
+        session = open_session(evs_server.base_url)
+        first = functools.partial(stream_turn, evs_server, session, 0, stream_of_four[0], settings, 8)
+        second = functools.partial(stream_turn, evs_server, session, 1, stream_of_four[1], settings, 8)
+        try:
+            if not pipelined:
+                first()
+                return second()
+            slow_down(evs_server.base_url, FORWARD_HOLD_S)  # the first turn decodes for 4 s
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                running = pool.submit(first)
+                time.sleep(4 * FORWARD_HOLD_S)
+                queued = pool.submit(second)
+                time.sleep(FORWARD_HOLD_S)
+                slow_down(evs_server.base_url, None)
+                running.result()
+                return queued.result()
+        finally:
             slow_down(evs_server.base_url, None)
-            assert first.result().status_code == 200
-        assert pipelined.status_code == 400 and "already has an active request" in pipelined.text, pipelined.text
-        assert evs_server.alive()
-        after = turn(json={**body, "video_data": [str(clips["moving"])], "sampling_params": {"max_new_tokens": 2}})
-        assert after.status_code == 200, after.text
-    finally:
-        slow_down(evs_server.base_url, None)
-        close_session(evs_server.base_url, session)
+            close_session(evs_server.base_url, session)
+
+    after, pipelined = second_turn(pipelined=False), second_turn(pipelined=True)
+    assert_same_greedy(pipelined, after, "pipelined")
+    assert pipelined.prompt_tokens == after.prompt_tokens
+    assert pipelined.meta["video_tokens_after_pruning"] == after.meta["video_tokens_after_pruning"]
+    session = open_session(evs_server.base_url)  # a turn SGLang refuses as it creates it: answered, not appended
+    stream_turn(evs_server, session, 0, stream_of_four[0], settings, 1)
+    refused = requests.post(f"{evs_server.base_url}/generate", timeout=120, json={
+        "text": turn_prompt(1), "video_data": [str(stream_of_four[1])], "sampling_params": {"max_new_tokens": 1},
+        "session_params": {"id": session, "replace": True}})  # fmt: skip
+    close_session(evs_server.base_url, session)
+    assert refused.status_code == 400 and "do not support replace" in refused.text, refused.text
+    assert evs_server.alive() and stream_turn(evs_server, open_session(evs_server.base_url), 0, stream_of_four[2],
+                                              settings, 1).output_ids  # fmt: skip

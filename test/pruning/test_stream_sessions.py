@@ -173,3 +173,42 @@ def test_a_session_id_opened_again_after_its_close_keeps_its_turns(monkeypatch):
     assert asyncio.run(stream_sessions.note_streaming_session(open_upstream, None, SimpleNamespace(streaming=True)))
     streams.finished("t1", "s", aborted=False)
     assert streams.sessions["s"].last_rid == "t1" and "s" in streams.streaming
+
+
+def test_a_streaming_sessions_turns_in_flight_go_one_at_a_time_in_the_order_they_came(monkeypatch):
+    """The hook around tokenization: a turn sent while the one before it is in flight waits until that one finished,
+    then takes the session's end it committed; a turn that failed, or is no longer in flight however it went, lets
+    the next go; a turn of another session, or outside one, never waits."""
+    streams = streaming_session()
+    monkeypatch.setattr(stream_sessions, "SESSION_STREAMS", streams)
+    monkeypatch.setattr(stream_sessions, "TURN_POLL_S", 0.01)
+    config = SimpleNamespace(architectures=["Qwen3VLForConditionalGeneration"])
+    manager = SimpleNamespace(rid_to_state={}, model_config=SimpleNamespace(hf_config=config))
+    order = []
+
+    async def tokenize(manager, obj):
+        if obj.rid == "fails":
+            raise ValueError("bad media")
+        order.append((obj.rid, streams.sessions["s"].last_rid if "s" in streams.sessions else None))
+        return obj.rid
+
+    def request(rid: str, session: str | None = "s"):
+        params = {"id": session} if session else None
+        manager.rid_to_state[rid] = object()
+        return stream_sessions.queue_pipelined_turn(tokenize, manager, SimpleNamespace(rid=rid, session_params=params))
+
+    async def scenario():
+        await request("t1")
+        queued = [asyncio.create_task(request(rid)) for rid in ("t2", "fails", "t3")]
+        assert await request("other", session=None) == "other" and await request("o1", session="o") == "o1"
+        await asyncio.sleep(0.05)
+        assert [rid for rid, _ in order] == ["t1", "other", "o1"]  # t2, t3 wait for t1
+        streams.finished("t1", "s", aborted=False)
+        assert await asyncio.wait_for(queued[0], timeout=5) == "t2" and order[-1] == ("t2", "t1")
+        del manager.rid_to_state["t2"]  # t2 went some way the tokenizer's outputs never showed
+        with pytest.raises(ValueError, match="bad media"):
+            await asyncio.wait_for(queued[1], timeout=5)
+        assert await asyncio.wait_for(queued[2], timeout=5) == "t3"
+        assert streams.running["s"][0] == "t3"
+
+    asyncio.run(scenario())

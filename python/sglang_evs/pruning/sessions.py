@@ -48,11 +48,12 @@ def move_pruned_regions_with_the_turn(upstream, req, image_inputs, *args, **kwar
 
 def refused_turn(req) -> bool:
     """A session turn SGLang refused as it created it, for the models the plugin serves. The case met: a streaming
-    session's next turn sent while the one before it still runs ("Streaming session already has an active request.",
-    what a live source that does not wait for answers sends). SGLang 0.5.23 sets the refusal, cutting the turn's
-    prompt to one token, then still appends the turn's media to the session's history, and its scheduler stops there
-    ("upper bound and lower bound inconsistent with step sign", every request in flight lost). Not appended, the turn
-    is answered with the refusal (HTTP 400) and the session serves on."""
+    session's next turn sent while the one before it still runs ("Streaming session already has an active request.";
+    the tokenizer now queues such a turn, `stream_sessions.queue_pipelined_turn`, so this guards what else SGLang
+    refuses there). SGLang 0.5.23 sets the refusal, cutting the turn's prompt to one token, then still appends the
+    turn's media to the session's history, and its scheduler stops there ("upper bound and lower bound inconsistent
+    with step sign", every request in flight lost). Not appended, the turn is answered with the refusal (HTTP 400)
+    and the session serves on."""
     return isinstance(getattr(req, "to_finish", None), sglang_compat.FINISH_ABORT) and serves_this_model()
 
 

@@ -18,11 +18,14 @@ sessions' patches together, with those of turns not finished yet, stay under `SG
 256); a turn refused in the tokenizer after its media were processed drops its own (`forget_refused_turn`). Past the
 bound the least recently used session's patches are let go (then the oldest unfinished turn's), and its next
 segment is scored as a stream's first (its first group kept whole); its timestamps still continue. A turn appends
-to the session's last finished turn in a streaming session; in a session opened without streaming SGLang appends a
-turn to the one `session_params.rid` names and to nothing without it, so a stream turn there names the session's
-last turn, or it is refused. Kept for the models the plugin serves only.
+to the session's last finished turn in a streaming session: one turn is in flight per streaming session, and a turn
+sent while another runs (a live source does not wait for answers) waits for it before it is processed
+(`queue_pipelined_turn`), so it continues that turn's end, as if sent after it. In a session opened without
+streaming SGLang appends a turn to the one `session_params.rid` names and to nothing without it, so a stream turn
+there names the session's last finished turn, or it is refused. Kept for the models the plugin serves only.
 """
 
+import asyncio
 import logging
 import os
 from collections import OrderedDict
@@ -40,6 +43,7 @@ DEFAULT_BOUND_MB = 256
 MAX_SESSIONS = 65536  # sessions kept (their frame counts outlive their patches); the least recently used go first
 MAX_TURNS = 64  # finished turns' lengths kept per session opened without streaming (a turn may name any of them)
 MAX_PENDING = 4096  # turns processed and not finished yet (a turn aborted before SGLang saw it never finishes here)
+TURN_POLL_S = 1.0  # how often a queued turn checks that the turn before it is still in flight
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,26 @@ class SessionStreams:
         self.pending: OrderedDict[str, tuple[str, StreamEnd]] = OrderedDict()  # rid -> (session, end)
         self.streaming: set[str] = set()  # sessions opened with `streaming`
         self.closed: OrderedDict[str, None] = OrderedDict()  # the last MAX_SESSIONS closed: no turn re-creates them
+        self.running: dict[str, tuple[str, asyncio.Event]] = {}  # streaming session -> its turn in flight, its end
+
+    async def take_turn(self, session_id: str, rid: str, in_flight) -> None:
+        """Wait until the streaming session's turn in flight, if any, has finished (or is no longer `in_flight(rid)`,
+        however it went), then make `rid` the session's turn in flight. Turns waiting go in the order they came."""
+        while session_id in self.running:
+            running_rid, done = self.running[session_id]
+            try:
+                await asyncio.wait_for(done.wait(), timeout=TURN_POLL_S)
+            except TimeoutError:
+                if not in_flight(running_rid):
+                    self.turn_over(running_rid)
+        self.running[session_id] = (rid, asyncio.Event())
+
+    def turn_over(self, rid: str) -> None:
+        """The turn `rid` is no longer in flight (finished, aborted, refused): the next turn of its session may go."""
+        for session_id, (running_rid, done) in list(self.running.items()):
+            if running_rid == rid:
+                del self.running[session_id]
+                done.set()
 
     def continued_end(self, turn: SessionTurn) -> StreamEnd:
         """The end a `video_stream` turn continues. ValueError (HTTP 400) naming why there is none."""
@@ -93,6 +117,11 @@ class SessionStreams:
             raise ValueError(
                 f"{STREAM_SETTING}: session {turn.session_id} has no earlier video to continue; "
                 "send the stream's first segment without it"
+            )
+        if turn.parent_rid is not None and turn.parent_rid in self.pending:
+            raise ValueError(
+                f"{STREAM_SETTING}: the turn {turn.parent_rid!r} it appends to has not finished; send this segment "
+                "once it has (a streaming session queues it)"
             )
         if self._appends_to(turn) != record.last_rid:
             raise ValueError(
@@ -125,11 +154,13 @@ class SessionStreams:
     def refused(self, rid: str) -> None:
         """A turn SGLang refused after its media were processed (it never reaches the scheduler, never finishes)."""
         self.pending.pop(rid, None)
+        self.turn_over(rid)
 
     def finished(self, rid: str, session_id: str, aborted: bool, prompt: int = 0, reply: int = 0) -> None:
         """A session turn finished (one that had a video recorded, or any other): unless aborted, it is the
         session's last turn, its end the session's where it had a video."""
         _, end = self.pending.pop(rid, (None, None))
+        self.turn_over(rid)
         if aborted or session_id in self.closed:  # a turn that ran while its session was closed
             return
         record = self.sessions.setdefault(session_id, SessionRecord())
@@ -153,6 +184,8 @@ class SessionStreams:
         while len(self.closed) > MAX_SESSIONS:
             self.closed.popitem(last=False)
         self.streaming.discard(session_id)
+        if session_id in self.running:
+            self.turn_over(self.running[session_id][0])
         self.pending = OrderedDict((rid, entry) for rid, entry in self.pending.items() if entry[0] != session_id)
         trace.record("stream_state", session=session_id, bytes=0, held=self.held_bytes())
 
@@ -206,6 +239,23 @@ async def commit_finished_turns(upstream, manager, recv_obj, *args, **kwargs):
                 lengths = (recv_obj.prompt_tokens[index], recv_obj.completion_tokens[index]) if not aborted else (0, 0)
                 SESSION_STREAMS.finished(rid, turn.session_id, aborted, *lengths)
     return await upstream(manager, recv_obj, *args, **kwargs)
+
+
+async def queue_pipelined_turn(upstream, manager, obj, *args, **kwargs):
+    """AROUND hook on `TokenizerManager._tokenize_one_request`: a streaming session's turn sent while the one before
+    it is in flight (a live source does not wait for answers) waits for it, then is processed and served exactly as
+    if sent after it (SGLang would refuse it: one turn in flight per streaming session). For the models the plugin
+    serves; every other request goes on at once."""
+    turn = session_turn(obj)
+    queued = turn is not None and turn.session_id in SESSION_STREAMS.streaming
+    if not queued or not serves(manager.model_config.hf_config):
+        return await upstream(manager, obj, *args, **kwargs)
+    await SESSION_STREAMS.take_turn(turn.session_id, obj.rid, lambda rid: rid in manager.rid_to_state)
+    try:
+        return await upstream(manager, obj, *args, **kwargs)
+    except BaseException:
+        SESSION_STREAMS.turn_over(obj.rid)
+        raise
 
 
 def forget_refused_turn(upstream, manager, obj, *args, **kwargs):
