@@ -66,8 +66,7 @@ import requests
 import torch
 
 from sglang_evs import trace
-from sglang_evs.pruning.videos import PINNED_MASKS_ENV
-from sglang_evs.testing import media, workload
+from sglang_evs.testing import media, pinned_masks, workload
 from sglang_evs.testing.compare import assert_same_generation
 from sglang_evs.testing.held import assert_nothing_held
 from sglang_evs.testing.hf_reference import expected_positions, rule_positions
@@ -237,7 +236,7 @@ def fleet(tiny_model_dir, tmp_path_factory):
     (folder / "vidcom2").mkdir()
     pd_vidcom2 = pd_launches(tiny_model_dir, folder / "vidcom2", vidcom2)
     without_plugin = pd_decode_launch(tiny_model_dir, folder / "no-plugin.log", evs, UPSTREAM)
-    one = Launch(tiny_model_dir, folder / "one.log", evs, {PINNED_MASKS_ENV: str(folder / PINNED)})
+    one = Launch(tiny_model_dir, folder / "one.log", evs, pinned_masks.server_env(folder / PINNED))
     upstream_one = Launch(tiny_model_dir, folder / "upstream-one.log", evs, UPSTREAM)
     (folder / "upstream").mkdir()
     upstream = pd_launches(tiny_model_dir, folder / "upstream", evs, UPSTREAM)

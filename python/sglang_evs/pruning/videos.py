@@ -29,12 +29,10 @@ differ in the last bit) would otherwise give them different kept rows and positi
 """
 
 import copy
-import json
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -74,11 +72,6 @@ from sglang_evs.served import VideoFamily
 # Tests only: every rank but rank 0 of a batch group inverts the keep-masks it computed, before the ranks
 # agree on rank 0's; the trace then shows that the agreement, not equal inputs, decided what was kept.
 PERTURB_MASKS_ENV = "SGLANG_EVS_TEST_PERTURB_MASKS"
-# Tests only: a JSON file {key: kept rows} of the masks another server decided. A video whose key it names is
-# pruned by that mask instead of one of its own, so that a server laid out another way (other ranks, another
-# split of the tower) is compared with this one under the mask it decided: the scores of a nearly static clip
-# tie to within rounding, and two layouts' roundings may break such a tie apart (docs/architecture.md).
-PINNED_MASKS_ENV = "SGLANG_EVS_TEST_PINNED_MASKS"
 
 
 def encoder_patch_budget(device: torch.device) -> int:
@@ -212,9 +205,6 @@ class PrunedVideos:
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
         """The item's method at its rate, under the budget and floor it carries (`methods.limited_mask`: exactly
         the count its region was laid out with)."""
-        pinned = pinned_mask(item.hash, self._own_rows(item, rows).shape[0])
-        if pinned is not None:
-            return pinned.to(rows.device)
         data = item.model_specific_data
         method, grid, merge = METHODS[data[METHOD]], video_grid(item), self.spatial_merge_size
         if continues_stream(item):  # `rows`: the stream group before the segment, then the segment's
@@ -314,17 +304,6 @@ def with_stream_context(item):
     }
     moved.feature = torch.cat([context.to(item.feature.device, item.feature.dtype), item.feature])
     return moved
-
-
-def pinned_mask(key: int, rows: int) -> torch.Tensor | None:
-    """The [rows] bool mask `PINNED_MASKS_ENV` names for the video `key` (tests only), or None."""
-    path = os.environ.get(PINNED_MASKS_ENV)
-    kept = json.loads(Path(path).read_text()).get(str(key)) if path and Path(path).exists() else None
-    if kept is None:
-        return None
-    mask = torch.zeros(rows, dtype=torch.bool)
-    mask[kept] = True
-    return mask
 
 
 def on_device(item, device: torch.device):

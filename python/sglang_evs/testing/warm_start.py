@@ -44,7 +44,7 @@ RUNTIME_ENV = frozenset({
     "SGLANG_UVICORN_WORKER_HEALTHCHECK_TIMEOUT",  # read when a server starts its HTTP tokenizer workers
     "SGLANG_VLM_CACHE_SIZE_MB",  # read when a server sizes its embedding cache
     "SGLANG_MAMBA_CONV_DTYPE",  # read when a hybrid model's state pool is sized
-    "SGLANG_EVS_HELD_VIDEO_MB", "SGLANG_EVS_TEST_PINNED_MASKS",  # read by the plugin per request
+    "SGLANG_EVS_HELD_VIDEO_MB",  # read by the plugin per request
     "SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH",  # read by the crash handler
     "OPENAI_API_KEY",  # set by SGLang's run_eval in a test process (MMMU); read by clients only
     "PATH",  # decord appends its own folder when a test process imports it; nothing imported reads it
