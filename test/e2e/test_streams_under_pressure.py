@@ -16,6 +16,7 @@ from sglang_evs import trace
 from sglang_evs.pruning import holds
 from sglang_evs.testing import media
 from sglang_evs.testing.compare import assert_same_greedy
+from sglang_evs.testing.held import assert_no_stream_state
 from sglang_evs.testing.held import assert_nothing_held as assert_no_rows_held
 from sglang_evs.testing.requests import (
     VIDEO,
@@ -90,8 +91,7 @@ def retracted(server) -> float:
 def assert_nothing_held(trace_path: Path) -> None:
     """Neither the scheduler's held rows nor the tokenizer's stream state keep anything."""
     assert_no_rows_held(trace_path)
-    stream_state = trace.read(trace_path, "stream_state")
-    assert not stream_state or stream_state[-1]["held"] == 0, stream_state[-1]
+    assert_no_stream_state(trace_path)
 
 
 def test_streams_retracted_under_memory_pressure_are_served_as_alone(tight_server, streams, trace_path):

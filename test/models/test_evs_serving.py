@@ -583,8 +583,10 @@ def stream_turn(server, session: str, index: int, segment: Path, settings: dict,
 
 
 def held_stream_state(trace_path: Path, session: str) -> list[int]:
-    """The tokenizer's bytes held for `session`'s stream at each of its changes (`stream_state` trace events)."""
-    return [event["bytes"] for event in trace.read(trace_path, "stream_state") if event["session"] == session]
+    """The tokenizer's bytes held for `session`'s stream at each of its changes (`stream_state` trace events; those of
+    its turns not finished yet left out)."""
+    events = trace.read(trace_path, "stream_state")
+    return [event["bytes"] for event in events if event["session"] == session and "turn" not in event]
 
 
 @pytest.mark.parametrize(

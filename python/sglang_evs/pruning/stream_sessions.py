@@ -150,11 +150,14 @@ class SessionStreams:
         while len(self.pending) > MAX_PENDING:
             self.pending.popitem(last=False)
         self._let_go_past_the_bound()
+        trace.record("stream_state", session=turn.session_id, bytes=end.nbytes, held=self.held_bytes(), turn=rid)
 
     def refused(self, rid: str) -> None:
         """A turn SGLang refused after its media were processed (it never reaches the scheduler, never finishes)."""
-        self.pending.pop(rid, None)
+        refused = self.pending.pop(rid, None)
         self.turn_over(rid)
+        if refused is not None:
+            trace.record("stream_state", session=refused[0], bytes=0, held=self.held_bytes(), turn=rid)
 
     def finished(self, rid: str, session_id: str, aborted: bool, prompt: int = 0, reply: int = 0) -> None:
         """A session turn finished (one that had a video recorded, or any other): unless aborted, it is the
@@ -162,6 +165,8 @@ class SessionStreams:
         _, end = self.pending.pop(rid, (None, None))
         self.turn_over(rid)
         if aborted or session_id in self.closed:  # a turn that ran while its session was closed
+            if end is not None:
+                trace.record("stream_state", session=session_id, bytes=0, held=self.held_bytes(), turn=rid)
             return
         record = self.sessions.setdefault(session_id, SessionRecord())
         self.sessions.move_to_end(session_id)

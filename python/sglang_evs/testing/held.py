@@ -1,5 +1,7 @@
-"""What a traced server (`SGLANG_EVS_TRACE`) still holds of the videos' rows (`pruning/holds.py`), read off its trace:
-the check every "nothing held afterwards" test makes, one that fails where a hold leaks."""
+"""What a traced server (`SGLANG_EVS_TRACE`) still holds, read off its trace: the videos' rows a scheduler holds
+(`pruning/holds.py`) and the streams' state a tokenizer keeps (`pruning/stream_sessions.py`). The checks every
+"nothing held afterwards" test makes, each failing where a hold or an unfinished turn's record leaks
+(test/testing/test_held.py breaks the releases on purpose)."""
 
 import json
 from pathlib import Path
@@ -24,3 +26,14 @@ def assert_nothing_held(trace_path: str | Path, items: set | None = None) -> Non
     assert held <= released, f"held, never let go: {sorted(held - released)}"
     last_per_process = {event["pid"]: event for event in events}
     assert {event["held_bytes"] for event in last_per_process.values()} == {0}, last_per_process
+
+
+def assert_no_stream_state(trace_path: str | Path) -> None:
+    """The tokenizer keeps nothing of any stream: each process's last `stream_state` event counts 0 bytes held (every
+    turn recorded, finished, refused or its session closed, records one), and there was one to check."""
+    path = Path(trace_path)
+    lines = path.read_text().splitlines() if path.exists() else []
+    events = [event for event in map(json.loads, filter(str.strip, lines)) if event["event"] == "stream_state"]
+    assert events, f"no stream state to check in {trace_path}"
+    last_per_process = {event["pid"]: event for event in events}
+    assert {event["held"] for event in last_per_process.values()} == {0}, last_per_process
