@@ -93,6 +93,7 @@ def register_hooks() -> None:
     register(sglang.hook_target("validate_request"), streams.refuse_streams_nothing_serves, sglang.HookType.BEFORE)
     register(sglang.hook_target("validate_request"), stream_sessions.forget_refused_turn, around)
     register(sglang.hook_target("tokenize_request"), stream_sessions.queue_pipelined_turn, around)
+    register(sglang.hook_target("abort_echo"), stream_sessions.forget_aborted_turn, sglang.HookType.BEFORE)
     register(sglang.hook_target("check_server_args"), refuse_unsupported_server_args, after)
     register(sglang.hook_target("multimodal_reservation"), reserve_held_videos, around)
     register(sglang.hook_target("chat_to_generate_request"), carry_chat_pruning_setting, after)

@@ -147,6 +147,8 @@ HOOK_TARGETS: dict[str, str] = {
     "close_session": "sglang.srt.managers.tokenizer_manager:TokenizerManager.close_session",
     # every request's check in the tokenizer process, media or none (a `video_stream` request without video)
     "validate_request": "sglang.srt.managers.tokenizer_manager:TokenizerManager._validate_one_request",
+    # a request the scheduler aborted, echoed to the tokenizer apart from the batch outputs
+    "abort_echo": "sglang.srt.managers.tokenizer_manager:TokenizerManager._handle_abort_req",
     # a request's tokenization and media processing, in the tokenizer process (a session turn waits there)
     "tokenize_request": "sglang.srt.managers.tokenizer_manager:TokenizerManager._tokenize_one_request",
     # validation of the server arguments, in the launching process before any subprocess starts

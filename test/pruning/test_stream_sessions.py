@@ -212,3 +212,18 @@ def test_a_streaming_sessions_turns_in_flight_go_one_at_a_time_in_the_order_they
         assert streams.running["s"][0] == "t3"
 
     asyncio.run(scenario())
+
+
+def test_a_turn_the_scheduler_aborted_leaves_nothing_and_lets_the_next_go(monkeypatch):
+    """An abort comes back to the tokenizer apart from the batch outputs (`_handle_abort_req`): the turn's record goes,
+    the session keeps its end, and a turn queued behind it may go."""
+    streams = streaming_session()
+    monkeypatch.setattr(stream_sessions, "SESSION_STREAMS", streams)
+    streams.record_turn("first", turn(), end(8))
+    streams.finished("first", "s", aborted=False)
+    streams.record_turn("aborted", turn(), end(16))
+    streams.running["s"] = ("aborted", asyncio.Event())
+    stream_sessions.forget_aborted_turn(None, SimpleNamespace(rid="aborted"))
+    assert "aborted" not in streams.pending and "s" not in streams.running
+    assert streams.held_bytes() == GROUP_BYTES and streams.continued_end(turn()).frames == 8
+    stream_sessions.forget_aborted_turn(None, SimpleNamespace(rid="unknown"))  # any other request: nothing to do

@@ -159,6 +159,13 @@ class SessionStreams:
         if refused is not None:
             trace.record("stream_state", session=refused[0], bytes=0, held=self.held_bytes(), turn=rid)
 
+    def aborted(self, rid: str) -> None:
+        """A turn the scheduler aborted, whose end comes back apart from the batch outputs: it leaves the session as it
+        was, and the session's next turn may go."""
+        if rid in self.pending:
+            self.finished(rid, self.pending[rid][0], aborted=True)
+        self.turn_over(rid)
+
     def finished(self, rid: str, session_id: str, aborted: bool, prompt: int = 0, reply: int = 0) -> None:
         """A session turn finished (one that had a video recorded, or any other): unless aborted, it is the
         session's last turn, its end the session's where it had a video."""
@@ -261,6 +268,14 @@ async def queue_pipelined_turn(upstream, manager, obj, *args, **kwargs):
     except BaseException:
         SESSION_STREAMS.turn_over(obj.rid)
         raise
+
+
+def forget_aborted_turn(manager, recv_obj, *args, **kwargs) -> None:
+    """BEFORE hook on `TokenizerManager._handle_abort_req`: a request the scheduler aborted (a client's abort, one
+    aborted in the queue or mid-prefill) ends here, not among the batch outputs: a session turn's record goes."""
+    rid = getattr(recv_obj, "rid", None)
+    if rid:
+        SESSION_STREAMS.aborted(rid)
 
 
 def forget_refused_turn(upstream, manager, obj, *args, **kwargs):
