@@ -671,3 +671,60 @@ def test_a_pipelined_stream_turn_is_served_after_the_one_before_it(evs_server, s
     assert refused.status_code == 400 and "do not support replace" in refused.text, refused.text
     assert evs_server.alive() and stream_turn(evs_server, open_session(evs_server.base_url), 0, stream_of_four[2],
                                               settings, 1).output_ids  # fmt: skip
+
+
+def chat_messages(index: int, segment: Path) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": f"file://{segment}"}},
+                                         {"type": "text", "text": f"Segment {index}."}]}]  # fmt: skip
+
+
+def chat_turn(client, session: str, index: int, segment: Path, settings: dict, max_tokens: int):
+    """One segment appended to `session` through the `openai` client's chat completions (`extra_body`)."""
+    return client.chat.completions.create(
+        model="default", messages=chat_messages(index, segment), max_tokens=max_tokens, temperature=0,
+        extra_body={"session_params": {"id": session}, "ignore_eos": True,
+                    "chat_template_kwargs": {**settings, **({"video_stream": True} if index else {})}},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("settings", [{"video_pruning_rate": 0.5}, {"video_pruning_threshold": 0.9}], ids=["q", "t"])
+def test_a_stream_sent_turn_by_turn_through_the_openai_client_is_the_generate_sessions(
+    evs_server, stream_of_four, tiny_model_dir, settings
+):
+    """Three segments of a streaming session through `/v1/chat/completions` with the `openai` package, each turn only
+    its own segment: every turn's prompt tokens, kept video tokens and greedy reply are those of the same turns on
+    `/generate` (each templated by the checkpoint's chat template, as the chat endpoint templates it)."""
+    from openai import OpenAI
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    client = OpenAI(base_url=f"{evs_server.base_url}/v1", api_key="none")
+    session, generated = open_session(evs_server.base_url), []
+    for index, segment in enumerate(stream_of_four[:3]):
+        text = processor.apply_chat_template(chat_messages(index, segment), tokenize=False, add_generation_prompt=True)
+        marked = {**settings, "video_stream": True} if index else settings
+        generated.append(generate(evs_server.base_url, text, 8, video_data=[str(segment)], mm_processor_kwargs=marked,
+                                  session_params={"id": session})[0])  # fmt: skip
+    close_session(evs_server.base_url, session)
+    session = open_session(evs_server.base_url)
+    chats = [chat_turn(client, session, i, segment, settings, 8) for i, segment in enumerate(stream_of_four[:3])]
+    close_session(evs_server.base_url, session)
+    kept_so_far = 0  # SGLang's usage counts the session's whole prompt: every turn's kept video tokens so far
+    for index, (chat, turn) in enumerate(zip(chats, generated, strict=True)):
+        kept_so_far += turn.meta["video_tokens_after_pruning"]
+        assert chat.usage.prompt_tokens == turn.prompt_tokens, index
+        assert chat.usage.prompt_tokens_details.video_tokens == kept_so_far, index
+        assert chat.choices[0].message.content == processor.tokenizer.decode(turn.output_ids, skip_special_tokens=True)
+    assert chats[-1].usage.prompt_tokens > chats[0].usage.prompt_tokens + 100  # the turns appended to one history
+
+
+def test_the_readmes_openai_stream_snippet_runs(evs_server, stream_of_four, capsys):
+    """The README's live-stream snippet, run as written against this server and these segments."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    blocks = [block.split("```", 1)[0] for block in readme.split("```python\n")[1:]]
+    (snippet,) = [block for block in blocks if "chat.completions.create" in block and "session_params" in block]
+    snippet = snippet.replace('"http://localhost:30000"', repr(evs_server.base_url))
+    segments = [str(segment) for segment in stream_of_four[:3]]
+    snippet = snippet.replace('["seg-000.mp4", "seg-001.mp4", "seg-002.mp4"]', repr(segments))
+    exec(compile(snippet, "README.md", "exec"), {})
+    assert capsys.readouterr().out.count("video tokens kept so far)") == 3
