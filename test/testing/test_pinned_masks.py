@@ -14,8 +14,8 @@ from sglang_evs.testing import pinned_masks
 
 
 def test_a_video_the_file_names_is_pruned_by_its_mask_and_any_other_as_decided(tmp_path, monkeypatch):
-    monkeypatch.setattr(videos_module.PrunedVideos, "_compute_keep_mask", lambda videos, item, rows: "decided")
-    pinned_masks.install()
+    decide = pinned_masks.pinned_first(lambda videos, item, rows: "decided")
+    monkeypatch.setattr(videos_module.PrunedVideos, "_compute_keep_mask", decide)
     masks = tmp_path / "masks.json"
     masks.write_text(json.dumps({"7": [0, 2]}))
     monkeypatch.setenv(pinned_masks.PINNED_MASKS_ENV, str(masks))
@@ -35,5 +35,5 @@ def test_a_process_started_with_the_server_env_installs_it_and_one_without_does_
         return run.stdout.strip()
 
     plain = {key: value for key, value in os.environ.items() if key != pinned_masks.PINNED_MASKS_ENV}
-    assert decider({**plain, **pinned_masks.server_env(tmp_path / "masks.json")}) == "pinned_first"
+    assert decider({**plain, **pinned_masks.server_env(tmp_path / "masks.json")}) == "keep_mask_pinned_first"
     assert decider(plain) == "_compute_keep_mask"

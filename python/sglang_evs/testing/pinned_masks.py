@@ -4,7 +4,8 @@ A server laid out another way (other ranks, another split of the tower) is compa
 it decided: the scores of a nearly static clip tie to within rounding, and two layouts' roundings may break such a
 tie apart (docs/architecture.md). The reference server's processes import `pinned_site/sitecustomize.py` at start
 (`server_env` puts it on their `PYTHONPATH`), which makes `PrunedVideos` take a video's mask from the JSON file
-`PINNED_MASKS_ENV` names ({key: kept rows}) where it names the video; nothing of this is in the plugin itself.
+`PINNED_MASKS_ENV` names ({key: kept rows}) where it names the video (`pinned_first`); nothing of this is in the
+plugin itself.
 """
 
 import json
@@ -34,14 +35,11 @@ def pinned_mask(key: int, rows: int) -> torch.Tensor | None:
     return mask
 
 
-def install() -> None:
-    """Every keep-mask this process decides is the file's where it names the video."""
-    from sglang_evs.pruning.videos import PrunedVideos
+def pinned_first(decide):
+    """`PrunedVideos._compute_keep_mask` (`decide`) made to take the file's mask where it names the video."""
 
-    decide = PrunedVideos._compute_keep_mask
-
-    def pinned_first(videos: PrunedVideos, item, rows: torch.Tensor) -> torch.Tensor:
+    def keep_mask_pinned_first(videos, item, rows: torch.Tensor) -> torch.Tensor:
         pinned = pinned_mask(item.hash, videos._own_rows(item, rows).shape[0])
         return decide(videos, item, rows) if pinned is None else pinned.to(rows.device)
 
-    PrunedVideos._compute_keep_mask = pinned_first
+    return keep_mask_pinned_first
