@@ -5,6 +5,9 @@ The server's default rate is 0.5; requests override it with
 """
 
 import functools
+import re
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -728,3 +731,21 @@ def test_the_readmes_openai_stream_snippet_runs(evs_server, stream_of_four, caps
     snippet = snippet.replace('["seg-000.mp4", "seg-001.mp4", "seg-002.mp4"]', repr(segments))
     exec(compile(snippet, "README.md", "exec"), {})
     assert capsys.readouterr().out.count("video tokens kept so far)") == 3
+
+
+def test_the_stream_console_script_sends_a_file_as_it_records_and_closes_its_session(evs_server, evs_trace, tmp_path,
+                                                                                    tiny_model_dir):  # fmt: skip
+    """`sglang-evs-stream FILE`: a 4-s clip cut into two 2-s segments, each a session turn (the second continuing
+    the first), each answer printed with its TTFT and its kept and pruned video tokens; the session closed at the
+    end, so the tokenizer keeps nothing of the stream."""
+    clip = media.write_clip(tmp_path / "live.mp4", "noise", num_frames=16, fps=4, seed=77)
+    run = subprocess.run([sys.executable, "-m", "sglang_evs.live_stream", str(clip), "--url", evs_server.base_url,
+                          "--segment-s", "2", "--question", "What happens?", "--video-pruning-rate", "0.5",
+                          "--as-fast-as-possible", "--max-new-tokens", "4"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    turns = re.findall(r"\[segment (\d)\] TTFT (\d+) ms, video tokens kept (\d+), pruned (\d+)", run.stdout)
+    assert [index for index, *_ in turns] == ["0", "1"], run.stdout
+    assert all(int(kept) == int(pruned) == 100 for _, _, kept, pruned in turns), turns  # q = .5 of 2 groups
+    state = [event for event in trace.read(evs_trace, "stream_state") if "turn" not in event]
+    assert state[-1]["held"] == 0 and state[-1]["bytes"] == 0, state[-1]  # closed: its end let go
