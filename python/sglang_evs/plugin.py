@@ -321,11 +321,11 @@ def allow_prefill_graphs_where_the_default_prunes(original, server_args, *args, 
 
 def carry_chat_pruning_setting(result, *args, **kwargs):
     """AFTER hook on the OpenAI chat handler's request conversion, for the models the plugin serves:
-      - a pruning setting in the chat request's `chat_template_kwargs` (the field sglang-router forwards) reaches
-        the processor through the GenerateReqInput's `mm_processor_kwargs`. A ValueError here is SGLang's HTTP 400;
-      - the chat request's `session_params` (which SGLang's chat request takes and its conversion drops) make it a
-        session's turn, as on `/generate`: a live stream sent turn by turn through an OpenAI client, each turn
-        carrying only its own segment and question."""
+    - a pruning setting in the chat request's `chat_template_kwargs` (the field sglang-router forwards) reaches
+      the processor through the GenerateReqInput's `mm_processor_kwargs`. A ValueError here is SGLang's HTTP 400;
+    - the chat request's `session_params` (which SGLang's chat request takes and its conversion drops) make it a
+      session's turn, as on `/generate`: a live stream sent turn by turn through an OpenAI client, each turn
+      carrying only its own segment and question."""
     from sglang_evs.pruning.settings import chat_processor_kwargs
     from sglang_evs.served import serves
 
