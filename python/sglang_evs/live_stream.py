@@ -17,7 +17,6 @@ frames of a live source wait in its buffer meanwhile.
 """
 
 import argparse
-import json
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,6 +25,8 @@ from fractions import Fraction
 from pathlib import Path
 
 import requests
+
+from sglang_evs.streamed import streamed_chunks
 
 
 @dataclass(frozen=True)
@@ -93,19 +94,12 @@ def send_turn(url: str, session: str, parent: str | None, prompt: str, segment: 
             "session_params": {"id": session, "rid": parent},
             "mm_processor_kwargs": {**settings, **({"video_stream": True} if parent else {})},
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}  # fmt: skip
-    sent, first, last = time.monotonic(), None, None
-    with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"the server refused segment {segment.name}: {response.text}")
-        for line in response.iter_lines():
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            last = json.loads(line[len(b"data:") :])
-            first = first or time.monotonic()
+    chunks = list(streamed_chunks(f"{url}/generate", body))  # each with its arrival: the first's is the TTFT
+    (first, _), (_, last) = chunks[0], chunks[-1]
     meta = last["meta_info"]
     before, after = meta.get("video_tokens_before_pruning"), meta.get("video_tokens_after_pruning")
     pruned = before - after if after is not None else 0
-    return Answer(last["text"], first - sent, after, pruned, meta["id"])
+    return Answer(last["text"], first, after, pruned, meta["id"])
 
 
 def main(argv: list[str] | None = None) -> None:

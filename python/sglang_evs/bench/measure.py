@@ -19,6 +19,7 @@ import requests
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.bench.ratios import summarize_bench
+from sglang_evs.streamed import streamed_chunks
 from sglang_evs.testing.requests import per_request_rate
 
 DEFAULT_RATES = (0.0, 0.25, 0.5, 0.75, 0.9)
@@ -130,24 +131,15 @@ def timed_video_request(base_url: str, line: dict, rate: float, method: str = "e
 def streamed_chat(base_url: str, body: dict, timeout: float = 600) -> TimedRequest:
     """A streamed chat request (`body` asks for usage, `USAGE_FIELDS`) -> TTFT until the first chunk that
     carries a choice, latency until the stream ends, prompt tokens from the usage chunk."""
-    start = time.perf_counter()
-    ttft_ms, prompt_tokens = None, None
-    with requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=timeout, stream=True) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"{base_url} answered {response.status_code}: {response.text[:500]}")
-        for raw in response.iter_lines():
-            if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
-                continue
-            chunk = json.loads(raw[len(b"data: ") :])
-            if chunk.get("error"):
-                raise RuntimeError(f"stream from {base_url} failed: {chunk['error']}")
-            if ttft_ms is None and chunk.get("choices"):
-                ttft_ms = (time.perf_counter() - start) * 1000
-            if chunk.get("usage"):
-                prompt_tokens = chunk["usage"]["prompt_tokens"]
+    ttft_ms, prompt_tokens, seconds = None, None, 0.0
+    for seconds, chunk in streamed_chunks(f"{base_url}/v1/chat/completions", body, timeout):
+        if ttft_ms is None and chunk.get("choices"):
+            ttft_ms = seconds * 1000
+        if chunk.get("usage"):
+            prompt_tokens = chunk["usage"]["prompt_tokens"]
     if ttft_ms is None or prompt_tokens is None:
         raise RuntimeError(f"stream from {base_url} ended without a token or usage (ttft {ttft_ms}, {prompt_tokens})")
-    return TimedRequest(ttft_ms, (time.perf_counter() - start) * 1000, prompt_tokens)
+    return TimedRequest(ttft_ms, seconds * 1000, prompt_tokens)
 
 
 class MetaReply(NamedTuple):
