@@ -18,12 +18,10 @@ so the pair's figures include the encoder and the language server competing for 
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
-import requests
-
 from sglang_evs.bench.ratios import round_ratio
+from sglang_evs.streamed import ttft_ms
 
 CONFIGS = {  # name -> (server, rate); None: --rate
     "one server, q=0": ("single", 0.0),
@@ -34,16 +32,7 @@ CONFIGS = {  # name -> (server, rate); None: --rate
 
 
 def streamed_ttft_ms(base_url: str, body: dict) -> float:
-    start = time.perf_counter()
-    with requests.post(f"{base_url}/generate", json={**body, "stream": True}, stream=True, timeout=600) as reply:
-        reply.raise_for_status()
-        for raw in reply.iter_lines():
-            if raw:
-                ttft = (time.perf_counter() - start) * 1000
-                for _ in reply.iter_lines():  # drain
-                    pass
-                return ttft
-    raise RuntimeError(f"stream from {base_url} ended without a chunk")
+    return ttft_ms(f"{base_url}/generate", body)
 
 
 def body(clip: Path, rate: float) -> dict:

@@ -24,26 +24,18 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
-
-import requests
 
 from sglang_evs.bench.ratios import geometric_interval
 from sglang_evs.bench.samples import SampleLog, read_records, samples_path
+from sglang_evs.streamed import ttft_ms
 
 SIDES = ("graph", "eager")
 
 
 def streamed_ttft_ms(base_url: str, body: dict) -> float:
     """Milliseconds from sending a streamed /generate request to its first chunk."""
-    start = time.perf_counter()
-    with requests.post(f"{base_url}/generate", json={**body, "stream": True}, stream=True, timeout=600) as reply:
-        reply.raise_for_status()
-        for line in reply.iter_lines():
-            if line:
-                return (time.perf_counter() - start) * 1000
-    raise RuntimeError("stream ended without a chunk")
+    return ttft_ms(f"{base_url}/generate", body)
 
 
 def request_bodies(media: Path) -> dict[str, dict]:

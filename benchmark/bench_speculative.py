@@ -29,13 +29,11 @@ nothing else changes.
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
-
-import requests
 
 from sglang_evs.bench.ratios import round_ratio
 from sglang_evs.bench.samples import SampleLog, read_records, samples_path
+from sglang_evs.streamed import streamed_chunks
 
 NEXTN = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
          "--speculative-num-draft-tokens", "3"]  # fmt: skip
@@ -49,19 +47,11 @@ CONFIGS = {  # name -> (speculating server?, rate)
 
 def timed(base_url: str, body: dict) -> dict:
     """One streamed /generate request -> TTFT, time per output token after the first (ms), tokens."""
-    start = time.perf_counter()
-    first, meta = None, {}
-    with requests.post(f"{base_url}/generate", json={**body, "stream": True}, stream=True, timeout=600) as reply:
-        reply.raise_for_status()
-        for raw in reply.iter_lines():
-            if not raw.startswith(b"data: ") or raw == b"data: [DONE]":
-                continue
-            if first is None:
-                first = time.perf_counter()
-            meta = json.loads(raw[len(b"data: ") :]).get("meta_info", meta)
-    end = time.perf_counter()
+    chunks = list(streamed_chunks(f"{base_url}/generate", {**body, "stream": True}))
+    (first, _), (end, last) = chunks[0], chunks[-1]
+    meta = last.get("meta_info", {})
     tokens = int(meta["completion_tokens"])
-    return {"ttft_ms": (first - start) * 1000, "tpot_ms": (end - first) * 1000 / max(tokens - 1, 1),
+    return {"ttft_ms": first * 1000, "tpot_ms": (end - first) * 1000 / max(tokens - 1, 1),
             "tokens": tokens, "prompt_tokens": int(meta["prompt_tokens"]),
             "accept_length": meta.get("spec_accept_length")}  # fmt: skip
 

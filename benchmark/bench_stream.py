@@ -21,13 +21,11 @@ per segment; TTFT(setting) / TTFT(q = 0) per segment, its geometric mean and 95 
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
-
-import requests
 
 from sglang_evs.bench.ratios import round_ratio
 from sglang_evs.bench.samples import SampleLog, read_records, samples_path
+from sglang_evs.streamed import streamed_chunks
 from sglang_evs.testing import media
 from sglang_evs.testing.requests import VIDEO, chat_prompt, close_session, open_session
 from sglang_evs.testing.server import Launch, running_servers
@@ -50,18 +48,11 @@ def stream_turn(base_url: str, session: str, segment: Path, settings: dict, cont
             "session_params": {"id": session},
             "mm_processor_kwargs": {**settings, "video_stream": True} if continues else settings,
             "sampling_params": {"max_new_tokens": REPLY_TOKENS, "temperature": 0, "ignore_eos": True}}  # fmt: skip
-    start, ttft_ms, meta = time.perf_counter(), None, None
-    with requests.post(f"{base_url}/generate", json=body, timeout=600, stream=True) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[len(b"data:") :])
-            if "error" in chunk:
-                raise RuntimeError(f"turn failed: {chunk['error']}")
-            if ttft_ms is None and chunk.get("output_ids"):
-                ttft_ms = (time.perf_counter() - start) * 1000
-            meta = chunk.get("meta_info", meta)
+    ttft_ms, meta = None, None
+    for seconds, chunk in streamed_chunks(f"{base_url}/generate", body):
+        if ttft_ms is None and chunk.get("output_ids"):
+            ttft_ms = seconds * 1000
+        meta = chunk.get("meta_info", meta)
     if ttft_ms is None or meta is None:
         raise RuntimeError("the turn streamed no token")
     # q = 0 prunes nothing, so its meta info carries no counts: filled in from the segment's other turns (`summarize`)

@@ -22,3 +22,11 @@ def streamed_chunks(url: str, body: dict, timeout: float = 600) -> Iterator[tupl
             if isinstance(chunk, dict) and chunk.get("error"):
                 raise RuntimeError(f"stream from {url} failed: {chunk['error']}")
             yield time.perf_counter() - start, chunk
+
+
+def ttft_ms(url: str, body: dict, timeout: float = 600) -> float:
+    """Milliseconds from sending `body` (streamed) to its first chunk; the rest of the stream is read to its end."""
+    arrivals = [seconds for seconds, _ in streamed_chunks(url, {**body, "stream": True}, timeout)]
+    if not arrivals:
+        raise RuntimeError(f"stream from {url} ended without a chunk")
+    return arrivals[0] * 1000
