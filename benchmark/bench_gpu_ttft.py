@@ -6,6 +6,8 @@ cost, and throughput under load.
     SGLANG_EVS_GPU_ROUTE=1 python benchmark/bench_gpu_ttft.py --part 2 --budget-s 450 --output part2.jsonl
         [--seconds 8 48 120] [--clips 4] [--concurrency 1 8 32] [--min-prompts 16] [--load-seconds 8]
         [--server-rate 0.75] [--rates 0.5 0.75] [--method evs] [--size 448x448] [--fps 2] [--model-path M]
+    SGLANG_EVS_GPU_ROUTE=1 python benchmark/bench_gpu_ttft.py --compact --budget-s 80 --output compact.jsonl
+        (both parts, small: 2 clips each of 8 and 48 s; concurrency 1 and 8 on 4 and 16 clips of 8 s)
     python benchmark/bench_gpu_ttft.py --report part1.jsonl part2.jsonl    # the report again, from the samples
     python benchmark/bench_gpu_ttft.py --smoke [--model-path TINY]         # CPU, tiny model: every step, both parts
 
@@ -35,6 +37,11 @@ Every sample is appended to the JSONL `--output` as it is measured (and flushed)
 measured; the report is computed from that file alone (`--report`), from the clips and concurrencies measured on
 every variant. `--budget-s`: no work starts that would end past this many seconds after the start (by the longest
 of its kind so far); the servers' stop and the report take about a minute more. SIGINT stops it the same way.
+
+`--compact`: both parts in one short run (scripts/gpu_run.sh's default `bench` step, one device call with the GPU
+tests): `DEFAULTS["compact"]`, part 1 within half the budget left once the servers are up (what it leaves goes to
+part 2), so that a tight budget still measures some of each. Its figures are few: a ratio over 2 clips has a wide
+interval, and the 120 s clips are left to the full parts (and to `bench_gpu_memory.py`, 32 at once).
 
 `--smoke`: the tiny Qwen3-VL in float32 on three CPU servers in graph mode (SGLang's graph runners replaying on CPU
 stand-ins), 1 and 2 s clips of 64 x 64, concurrency 1 and 2, both parts: every step runs, the figures say nothing
@@ -75,8 +82,10 @@ class Defaults(NamedTuple):
 
 DEFAULTS = {
     "gpu": Defaults((8, 48, 120), "448x448", 2, 4, (1, 8, 32), 16, 8),  # 8 s: ~1.7k video tokens at q = 0
+    "compact": Defaults((8, 48), "448x448", 2, 2, (1, 8), 4, 8),  # one device call beside the GPU tests
     "smoke": Defaults((1, 2), "64x64", 4, 1, (1, 2), 2, 1),
 }
+REQUESTS_SHARE = 0.5  # of the budget left once the servers are up, for part 1 where part 2 runs after it
 
 
 class Variant(NamedTuple):
@@ -177,6 +186,20 @@ class Run:
         at_s = round(self.clock() - self.started, 1)
         self.log.sample({"run": self.id, **record, "took_s": round(took, 3), "at_s": at_s})
         return record
+
+    def within(self, share: float, work: Callable[[], None]) -> str | None:
+        """Run `work` with `share` of the budget left as its own (its samples start only where they end within
+        it), then restore the run's: None, or the kind of the sample it stopped before (`OutOfBudget`)."""
+        saved = self.deadline
+        if saved is not None:
+            self.deadline = self.clock() + share * (saved - self.clock())
+        try:
+            work()
+        except OutOfBudget as stopped:
+            return str(stopped)
+        finally:
+            self.deadline = saved
+        return None
 
 
 def rotated(items: Sequence, by: int) -> list:
@@ -419,8 +442,11 @@ def report(summary: dict) -> str:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--report", type=Path, nargs="+", help="only report these JSONL files' samples")
-    parser.add_argument("--smoke", action="store_true", help="CPU, tiny model, both parts")
-    parser.add_argument("--part", choices=sorted(STEPS), default=None, help="1: requests, 2: load (--smoke: all)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--smoke", action="store_true", help="CPU, tiny model, both parts")
+    mode.add_argument("--compact", action="store_true", help="GPU, both parts, few clips: one call with the tests")
+    parser.add_argument("--part", choices=sorted(STEPS), default=None,
+                        help="1: requests, 2: load (--smoke, --compact: all)")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=None, help="start no work that would end later than this")
     parser.add_argument("--model-path", default=None, help="default: the 8B-shaped config (--smoke: the tiny model)")
     parser.add_argument("--seconds", type=float, nargs="+", help="clip lengths of part 1 (default 8 48 120)")
@@ -438,11 +464,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not 0 < args.server_rate < 1 or not all(0 < q < 1 for q in args.rates):
         parser.error("--server-rate and --rates are in (0, 1): q = 0 is the plugin server's")
-    defaults = DEFAULTS["smoke" if args.smoke else "gpu"]
+    defaults = DEFAULTS["smoke" if args.smoke else "compact" if args.compact else "gpu"]
     for field, value in defaults._asdict().items():
         if getattr(args, field) is None:
             setattr(args, field, value)
-    args.part = args.part or ("all" if args.smoke else "1")
+    args.part = args.part or ("all" if args.smoke or args.compact else "1")
     return args
 
 
@@ -479,6 +505,7 @@ def main(argv: list[str] | None = None) -> dict:
     max_concurrency = max(args.concurrency)
     args_of = {s: server_args(s, args.smoke, max_concurrency, args.server_rate, args.method) for s in SERVERS}
     what = "smoke: tiny Qwen3-VL, float32, CPU graph mode" if args.smoke else "Qwen3-VL-8B-shaped, bfloat16, dummy"
+    what += " (compact)" if args.compact else ""
     run.write({"step": "setup", "what": what, "device": device, "part": args.part, "steps": list(steps),
                "model": model, "variants": [v.name for v in plan],
                "load_variants": [v.name for v in deployed(plan)], "method": args.method, "seconds": args.seconds,
@@ -498,12 +525,12 @@ def main(argv: list[str] | None = None) -> dict:
                 servers = {s: Server(r.base_url, None if s == "upstream" else trace_path(work, s))
                            for s, r in zip(SERVERS, up, strict=True)}  # fmt: skip
                 datasets, load_datasets = clips.result()
-                if "requests" in steps:
-                    run_requests(run, servers, datasets, plan)
-                if "load" in steps:
-                    run_load(run, servers, load_datasets, plan, work)
-        except OutOfBudget as stopped:
-            reason = f"stopped by the budget ({args.budget_s:g} s) before a '{stopped}' sample"
+                parts = {"requests": lambda: run_requests(run, servers, datasets, plan),
+                         "load": lambda: run_load(run, servers, load_datasets, plan, work)}  # fmt: skip
+                stops = [run.within(REQUESTS_SHARE if step != steps[-1] else 1.0, parts[step]) for step in steps]
+                stopped = [f"stopped by the budget ({args.budget_s:g} s) before a '{kind}' sample" for kind in stops
+                           if kind is not None]  # fmt: skip
+                reason = "; ".join(stopped) or "done"
         except KeyboardInterrupt:  # a time limit (SIGINT): the servers are stopped, the samples are kept
             reason = "interrupted (SIGINT)"
         except Exception as error:  # a refused request, a server that died: reported with what was measured

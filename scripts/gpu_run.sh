@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
-# The one script the GPU machine runs (docs/gpu-route.md, "Packaging and running on the GPU machine"):
+# The one script the GPU machine runs, in one device call of at most 7 minutes (docs/gpu-route.md, "Carrying and
+# running"; the plan and each step's budget: docs/benchmarks.md, "The GPU run in one call"):
 #   1. installs the carried wheels (.whl/run*/, from scripts/gpu_wheels.py) offline into a private venv over
 #      the machine's python3 (scripts/gpu_pack/install.sh: the machine's torch 2.11 stays, .pth files work);
-#   2. sets the GPU route's environment (SGLANG_EVS_GPU_ROUTE=1, offline hub) and runs, each under a time
-#      limit and all within CHECK_BUDGET_S (default 480 s) after the install: the route's import check
-#      (`python -m sglang_evs.runtime.gpu_route_check`, where that module exists), SGLang's server import,
-#      the tiny-model serve check (scripts/gpu_pack/serve_check.py: a video at q = 0.75), the graph check
-#      (scripts/gpu_graph_check.sh, where it exists) and the methods check (scripts/gpu_methods_check.sh);
-#      the `bench` step, in no default: one part of the TTFT benchmark (benchmark/bench_gpu_ttft.py, BENCH_PART
-#      1: per request, 2: under load) with what is left of the budget; the `stream` step, in no default either:
-#      the live-stream benchmark (benchmark/bench_stream.py --gpu);
+#   2. sets the GPU route's environment (SGLANG_EVS_GPU_ROUTE=1, offline hub) and runs the default steps in this
+#      order, each under its own time limit (a cap that stops a hung step) and all by the deadline: TOTAL_BUDGET_S
+#      (default 390 s) after this script started, or CHECK_BUDGET_S (default 375 s) after the install, whichever
+#      is first:
+#        facts    versions and device                                              limit 20 s (measured 6-7 s)
+#        route    the route's import check (`python -m sglang_evs.runtime.gpu_route_check`)  60 s (26 s)
+#        serve    the tiny-model serve check (scripts/gpu_pack/serve_check.py: a video at q = 0.75)  45 s
+#        graph    the GPU tests (scripts/gpu_graph_check.sh, their TESTS_S 10 s less: the route's ops and layers,
+#                 the methods on the device, the tiny Qwen3-VL's prefill, decode and ViT graphs)  130 s
+#        bench    the TTFT benchmark's compact run, both parts (benchmark/bench_gpu_ttft.py --compact): what is
+#                 left, at most BENCH_S (default 110 s), less the memory step's MEMORY_S
+#        memory   32 concurrent 120-s clips at the plugin's default hold bound (benchmark/bench_gpu_memory.py):
+#                 what is left, at least MEMORY_S (default 75 s) kept for it
+#      and, in no default: `import` (SGLang's server modules alone), `methods` (scripts/gpu_methods_check.sh: the
+#      methods' GPU tests, which the graph step runs too, and the keep-mask benchmark), `stream` (the live-stream
+#      benchmark, benchmark/bench_stream.py --gpu); `bench` with BENCH_PART=1 or 2 runs that full part instead
+#      of the compact run, with everything left (a call of its own);
 #   3. writes $OUT/report.md (pass/fail, seconds and figures of each step), $OUT/serve-check.json, the
-#      benchmarks' JSON (methods-bench-{2b,8b}.json; the TTFT benchmark's samples, gpu-ttft-part$BENCH_PART.jsonl,
-#      written as they are measured) and $OUT/logs.tar.gz (every step's log and report folder); OUT defaults to
-#      gpu-run-report.
+#      benchmarks' files (the TTFT benchmark's samples, gpu-ttft-compact.jsonl or gpu-ttft-part$BENCH_PART.jsonl,
+#      written as they are measured; gpu-memory.json; methods-bench-{2b,8b}.json) and $OUT/logs.tar.gz (every
+#      step's log and report folder); OUT defaults to gpu-run-report.
+# A step stopped at its limit gets SIGINT, then SIGKILL 20 s later: the last step ends by TOTAL_BUDGET_S + 20 s,
+# and the report follows in a few seconds, so a device call of timeout_s=420 holds it.
 # Exit status: 0 when every step that ran passed.
 #   bash scripts/gpu_run.sh                  PYTHON: the machine's interpreter (python3)
 #   STEPS="install facts route" bash scripts/gpu_run.sh     only these steps (the CPU rehearsal's plumbing check)
-#   STEPS="install bench" BENCH_PART=1 CHECK_BUDGET_S=510 TOTAL_BUDGET_S=520 bash scripts/gpu_run.sh  (then part 2)
+#   STEPS="install bench" BENCH_PART=1 bash scripts/gpu_run.sh    one full part of the TTFT benchmark (then part 2)
 #   STEPS="install stream" bash scripts/gpu_run.sh           the live-stream benchmark (benchmark/bench_stream.py --gpu)
 set -uo pipefail
 script_start=$(date +%s)
@@ -31,8 +43,8 @@ rm -rf "$work/logs"
 mkdir -p "$work/logs"
 base=${PYTHON:-python3}
 venv=$work/venv
-steps=${STEPS:-install facts route serve graph methods}   # `import`: SGLang's server modules alone
-budget=${CHECK_BUDGET_S:-480}
+steps=${STEPS:-install facts route serve graph bench memory}
+budget=${CHECK_BUDGET_S:-375}
 report=$out/report.md
 failed=0
 skipped=0
@@ -44,14 +56,15 @@ record() {  # step, result, seconds, figures
   echo "== $1: $2 (${3} s) $4"
 }
 # run_step NAME LIMIT_S CMD...: the command's output in logs/NAME.txt; it is stopped (SIGINT, then SIGKILL)
-# at LIMIT_S or at what is left of the check budget, whichever comes first.
+# at LIMIT_S or at what is left of the check budget, whichever comes first. Under 20 s it is not run: its result
+# (step_result, which the caller records) says it was skipped for time.
 run_step() {
   local name=$1 limit=$2
   shift 2
-  if [ -n "${deadline:-}" ]; then
-    local left=$(( deadline - $(date +%s) ))
-    if [ "$left" -lt 20 ]; then record "$name" "skipped (no time left)" 0 ""; skipped=$((skipped + 1)); return 1; fi
-    [ "$limit" -gt "$left" ] && limit=$left
+  [ -n "${deadline:-}" ] && limit=$(limit_for "$limit")
+  if [ "$limit" -lt 20 ]; then
+    step_result="skipped (no time left)" step_seconds=0 skipped=$((skipped + 1))
+    return 1
   fi
   local start=$(date +%s)
   timeout --signal=INT --kill-after=20 "$limit" "$@" > "$work/logs/$name.txt" 2>&1
@@ -62,6 +75,11 @@ run_step() {
   return $rc
 }
 tail_of() { tail -n "${2:-3}" "$work/logs/$1.txt" 2>/dev/null | tr '\n|' '  ' | cut -c1-400; }
+# limit_for LIMIT_S [KEEP_S]: LIMIT_S, or what is left before the deadline less KEEP_S (a later step's), if less
+limit_for() {
+  local left=$(( deadline - $(date +%s) - ${2:-0} ))
+  if [ "$1" -lt "$left" ]; then echo "$1"; else echo "$left"; fi
+}
 
 if wanted install; then
   shopt -s nullglob
@@ -71,7 +89,7 @@ if wanted install; then
     record install "FAIL (no .whl/run*/: run scripts/gpu_wheels.py here and carry .whl/run1)" 0 ""
     failed=1
   else
-    run_step install 240 bash scripts/gpu_pack/install.sh "$base" "$venv" "${dirs[@]}"
+    run_step install 30 bash scripts/gpu_pack/install.sh "$base" "$venv" "${dirs[@]}"
     record install "$step_result" "$step_seconds" "$(ls "${dirs[@]}" | grep -c '\.whl$') wheels from ${dirs[*]}; $(tail_of install 1)"
   fi
 fi
@@ -79,13 +97,14 @@ fi
 export SGLANG_EVS_GPU_ROUTE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 # (the route sets the rest of its environment in every process: sglang_evs.runtime.gpu_route.ENVIRONMENT)
 unset SGLANG_USE_CPU_ENGINE SGLANG_EVS_CPU_GRAPHS
-# The checks end by CHECK_BUDGET_S after the install and by TOTAL_BUDGET_S (default 570 s) after this script
-# started, whichever is first: one device call runs at most 600 s.
+# The checks end by CHECK_BUDGET_S after the install and by TOTAL_BUDGET_S after this script started, whichever is
+# first (the header: one device call of 420 s).
 deadline=$(( $(date +%s) + budget ))
-[ "$deadline" -gt $(( script_start + ${TOTAL_BUDGET_S:-570} )) ] && deadline=$(( script_start + ${TOTAL_BUDGET_S:-570} ))
+total=${TOTAL_BUDGET_S:-390}
+[ "$deadline" -gt $(( script_start + total )) ] && deadline=$(( script_start + total ))
 
 if wanted facts; then
-  run_step facts 60 python - <<'PY'
+  run_step facts 20 python - <<'PY'
 import importlib.metadata as m, platform, sys
 print("python", platform.python_version(), sys.executable)
 for name in ("torch", "triton", "transformers", "sglang", "sglang-evs", "numpy", "opencv-python-headless"):
@@ -102,7 +121,7 @@ fi
 
 if wanted route; then
   if [ -f python/sglang_evs/runtime/gpu_route.py ]; then
-    run_step route 90 python -m sglang_evs.runtime.gpu_route_check
+    run_step route 60 python -m sglang_evs.runtime.gpu_route_check
     record route "$step_result" "$step_seconds" "$(tail_of route 2)"
   else
     record route "skipped (python/sglang_evs/runtime/gpu_route.py not in this checkout)" 0 ""
@@ -115,7 +134,7 @@ if wanted import; then
 fi
 
 if wanted serve; then
-  run_step serve 130 python scripts/gpu_pack/serve_check.py --device cuda --work "$work/serve" --timeout 110 \
+  run_step serve 45 python scripts/gpu_pack/serve_check.py --device cuda --work "$work/serve" --timeout 35 \
     --report "$out/serve-check.json"
   figures=$(python -c "
 import json; r = json.load(open('$out/serve-check.json'))
@@ -128,7 +147,9 @@ fi
 
 if wanted graph; then
   if [ -f scripts/gpu_graph_check.sh ]; then
-    TESTS_S=${TESTS_S:-220} run_step graph 260 bash scripts/gpu_graph_check.sh "$work/graph"
+    # the tests stop by themselves (SIGINT to pytest, which stops its servers) 10 s before the step's limit
+    limit=$(limit_for 130)
+    TESTS_S=${TESTS_S:-$(( limit - 10 ))} run_step graph "$limit" bash scripts/gpu_graph_check.sh "$work/graph"
     record graph "$step_result" "$step_seconds" "$(tail_of graph 3)"
   else
     record graph "skipped (scripts/gpu_graph_check.sh not in this checkout)" 0 ""
@@ -146,18 +167,37 @@ if wanted methods; then
 fi
 
 if wanted bench; then
-  # The servers' stop and the report take up to a minute after the benchmark's budget; it starts no work that
-  # would end later, and a stop at the limit (SIGINT) keeps every sample written so far. BENCH_ARGS: more of its
-  # flags (e.g. "--load-seconds 48 --concurrency 1 8").
-  part=${BENCH_PART:-1}
-  samples=$out/gpu-ttft-part$part.jsonl
-  left=$(( deadline - $(date +%s) ))
-  run_step bench "$left" python benchmark/bench_gpu_ttft.py --part "$part" --budget-s $(( left - 60 )) \
+  # The compact run (both parts, few clips) within BENCH_S, or BENCH_PART's full part with everything left; either
+  # leaves the memory step its MEMORY_S. The benchmark starts no work that would end past its budget (the limit
+  # less the servers' stop and the report: 15 s, a minute for a full part), and a stop at the limit (SIGINT) keeps
+  # every sample written so far. BENCH_ARGS: more of its flags (e.g. "--load-seconds 48 --concurrency 1 8").
+  keep=0
+  wanted memory && keep=${MEMORY_S:-75}
+  if [ -n "${BENCH_PART:-}" ]; then
+    mode=(--part "$BENCH_PART") samples=$out/gpu-ttft-part$BENCH_PART.jsonl cap=$(( deadline - $(date +%s) )) stop_s=60
+  else
+    mode=(--compact) samples=$out/gpu-ttft-compact.jsonl cap=${BENCH_S:-110} stop_s=15
+  fi
+  limit=$(limit_for "$cap" "$keep")
+  run_step bench "$limit" python benchmark/bench_gpu_ttft.py "${mode[@]}" --budget-s $(( limit > stop_s ? limit - stop_s : 1 )) \
     --workdir "$work/bench" --output "$samples" ${BENCH_ARGS:-}
   figures="$(cat "$samples" 2>/dev/null | grep -c '"step": "\(requests\|load\)"') samples; $(grep -hE \
     "s clips: TTFT q=0(\.75)?/upstream|: req/s q=0\.75/upstream" "$work/logs/bench.txt" | tr '\n|' '  ')"
   record bench "$step_result" "$step_seconds" "${figures:0:700}"
   mkdir -p "$work/logs/bench-report" && cp "$work"/bench/*.log "$work/logs/bench-report/" 2>/dev/null
+fi
+
+if wanted memory; then
+  # 32 concurrent 120-s clips on one 8B-shaped server at SGLang's memory defaults, SGLang's embedding cache off and
+  # the plugin's default hold bound: every request answered, no out-of-memory line; the peak held bytes beside the
+  # KV pool. Everything left (at least MEMORY_S, kept by the bench step); its own budget 10 s less, for the stop.
+  # MEMORY_ARGS: more of its flags (e.g. "--rate 0" for unpruned clips, a call of its own).
+  limit=$(( deadline - $(date +%s) ))
+  run_step memory "$limit" python benchmark/bench_gpu_memory.py --budget-s $(( limit > 10 ? limit - 10 : 1 )) \
+    --workdir "$work/memory" --output "$out/gpu-memory.json" ${MEMORY_ARGS:-}
+  figures="$(grep -hE "answered at once|held at peak|KV pool|device memory in use" "$work/logs/memory.txt" | tr '\n|' '  ')"
+  record memory "$step_result" "$step_seconds" "${figures:0:700}"
+  cp "$work/memory/server.log" "$work/logs/memory-server.log" 2>/dev/null
 fi
 
 if wanted stream; then

@@ -140,8 +140,10 @@ def test_the_gpu_checks_collect_and_build_their_inputs_with_the_images_packages(
     env = clean_environment(SGLANG_USE_CPU_ENGINE="1", TORCHDYNAMO_DISABLE="1", HF_HUB_OFFLINE="1",
                             TRANSFORMERS_OFFLINE="1", **TORCH_2_11_ENV)  # fmt: skip
     modules = ["test/runtime/test_sgl_kernel_torch.py", "test/runtime/test_gpu_route.py",
-               "test/models/test_prefill_cuda_graph_gpu.py", "test/models/test_prefill_cuda_graph_gpu_setup.py",
-               "test/bench/test_bench_gpu_ttft.py"]  # fmt: skip
+               "test/methods/test_methods_gpu.py", "test/models/test_prefill_cuda_graph_gpu.py",
+               "test/models/test_prefill_cuda_graph_gpu_setup.py", "test/test_vit_graph_trace.py",
+               "test/bench/test_bench_gpu_ttft.py", "test/bench/test_bench_gpu_ttft_compact.py",
+               "test/bench/test_bench_gpu_memory.py"]  # fmt: skip
     done = run([str(rehearsal["python"]), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                 "-rs", *modules], timeout=900, env=env)  # fmt: skip
     summary = done.stdout.strip().splitlines()[-1]

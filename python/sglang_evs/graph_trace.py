@@ -15,6 +15,10 @@ AROUND hook on each runner's `execute` records every replay as a `graph_replay` 
 
 With positions traced (`SGLANG_EVS_TRACE_POSITIONS=1`) each replay also writes the `rope_positions`
 event an eager forward writes, from the buffer the replay read, as the runner loaded it for the replay.
+
+SGLang's vision-tower graphs (`ViTCudaGraphRunner`, on with `SGLANG_VIT_ENABLE_CUDA_GRAPH=1`) are traced apart,
+as `vit_graph_replay` events (`trace_vit_graph_replay`): a tower call is no language-model forward, and the
+`graph_replay` events are counted as such.
 """
 
 import torch
@@ -93,4 +97,22 @@ def trace_graph_replay(original, runner, forward_batch, *args, **kwargs):
             seq_lens=forward_batch.seq_lens.tolist(),
             replayed=True,
         )
+    return result
+
+
+_vit_graphs_replayed: set[tuple[int, object]] = set()  # (runner id, graph key) of the tower graphs replayed here
+
+
+def trace_vit_graph_replay(original, runner, *args, **kwargs):
+    """AROUND hook on SGLang's `ViTCudaGraphRunner.replay`: the tower's blocks (and deepstack mergers) run as a
+    captured CUDA graph. A `vit_graph_replay` event per replay: `patches` (its input rows), `graphs` (how many the
+    runner has captured) and `again` (this graph was replayed before, for an earlier tower call: a reuse, not the
+    replay that follows its capture). Its argument names are the runner's own (`run` passes them by keyword)."""
+    graph_key = kwargs["graph_key"] if "graph_key" in kwargs else args[0]
+    x_3d = kwargs["x_3d"] if "x_3d" in kwargs else args[1]
+    result = original(runner, *args, **kwargs)
+    seen = (id(runner), graph_key)
+    again = seen in _vit_graphs_replayed
+    _vit_graphs_replayed.add(seen)
+    trace.record("vit_graph_replay", patches=int(x_3d.shape[0]), graphs=len(runner.block_graphs), again=again)
     return result

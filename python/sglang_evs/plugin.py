@@ -118,10 +118,11 @@ def register_hooks() -> None:
     register(sglang.hook_target("admit_request"), admission.lay_out_at_admission, around)
     register(sglang.hook_target("breakable_prefill_rules"), allow_prefill_graphs_where_the_default_prunes, around)
     if trace.enabled():
-        from sglang_evs.graph_trace import trace_graph_replay
+        from sglang_evs.graph_trace import trace_graph_replay, trace_vit_graph_replay
 
         for runner in ("prefill", "decode", "draft_decode", "draft_extend"):
             register(sglang.hook_target(f"{runner}_graph_execute"), trace_graph_replay, around)
+        register(sglang.hook_target("vit_graph_replay"), trace_vit_graph_replay, around)
         register(sglang.hook_target("admit_request"), trace.record_arrival, before)
     if trace.transfers_enabled():
         from sglang_evs.transfer_trace import record_transfer

@@ -209,6 +209,8 @@ HOOK_TARGETS: dict[str, str] = {
     "draft_extend_graph_execute": (
         "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner:EAGLEDraftExtendCudaGraphRunner.execute"
     ),
+    # traced only: each replay of SGLang's vision-tower CUDA graphs (`SGLANG_VIT_ENABLE_CUDA_GRAPH=1`)
+    "vit_graph_replay": "sglang.srt.multimodal.vit_cuda_graph_runner:ViTCudaGraphRunner.replay",
     # traced only: each batch of blocks a prefill server's Mooncake transfers move (transfer_trace.py)
     "pd_transfer_data": "sglang.srt.disaggregation.mooncake.conn:MooncakeKVManager._transfer_data",
 }

@@ -22,7 +22,10 @@ prefilled rather than found in the radix cache.
   a pruned video cut by a chunk boundary;
 - a radix repeat: the same pruned request again on `graphs` reuses its cached prefix and answers as before;
 - the keep-masks `graphs` decided on rows from the ViT graphs are `eager`'s, bit for bit; the tower's median time
-  on each is printed.
+  on each is printed;
+- the ViT graphs replayed, not only their switch set: every video encode on `graphs` ran the tower through a
+  replay of SGLang's `ViTCudaGraphRunner` (the trace's `vit_graph_replay` events, `graph_trace.py`), at least one
+  a graph an earlier encode replayed, and `eager` (its tower without the switch) replayed none.
 
 bfloat16 (FlashInfer's and FA3's prefill refuse float32): two roundings of one greedy request may break a
 near-tie either way, so tokens are compared as `testing.compare.assert_same_generation(near_ties=True)` does: equal,
@@ -40,6 +43,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from sglang_evs import trace
 from sglang_evs.testing.prefill_graph_gpu import (
     check_chunked_prefill_cut_a_pruned_video,
     check_every_media_prefill_and_decode_replayed,
@@ -49,6 +53,8 @@ from sglang_evs.testing.prefill_graph_gpu import (
     check_radix_repeat_answers_as_before,
     cut_by_a_chunk,
     decode_steps,
+    eager_trace,
+    events_since,
     gap_until_parting,
     media_forwards_without_replay,
     serving_all,
@@ -84,6 +90,33 @@ def test_keep_masks_under_vit_graphs_match_eager(served):
     check_keep_masks_match_eager(served)
 
 
+def encodes_without_vit_replay(events: list[dict]) -> tuple[int, int]:
+    """(video encodes, those of them with no ViT graph replay in their process since its previous encode): the
+    tower's replays are written as they end, each encode's `video_encoded` after its tower call."""
+    encodes, unreplayed, replayed = 0, 0, {}
+    for event in events:
+        if event["event"] == "vit_graph_replay":
+            replayed[event["pid"]] = True
+        elif event["event"] == "video_encoded":
+            encodes += 1
+            unreplayed += not replayed.pop(event["pid"], False)
+    return encodes, unreplayed
+
+
+@gpu_only
+def test_vit_graphs_replayed_for_every_video_encode(served):
+    events = events_since(served["trace"], served["started"])
+    encodes, unreplayed = encodes_without_vit_replay(events)
+    replays = [e for e in events if e["event"] == "vit_graph_replay"]
+    again = sum(e["again"] for e in replays)
+    print(f"ViT graph replays: {len(replays)} ({again} of a graph replayed before), "
+          f"{max((e['graphs'] for e in replays), default=0)} graphs captured; video encodes: {encodes}, "
+          f"without a ViT graph replay: {unreplayed}")  # fmt: skip
+    assert encodes > 0 and unreplayed == 0, f"{unreplayed} of {encodes} video encodes replayed no ViT graph"
+    assert again > 0, "no ViT graph was replayed for a later encode than its first"
+    assert not trace.read(eager_trace(served["trace"]), "vit_graph_replay")  # no switch, no ViT graphs
+
+
 @gpu_only
 def test_every_media_prefill_and_decode_replayed(served):
     check_every_media_prefill_and_decode_replayed(served)
@@ -113,6 +146,21 @@ def test_replay_check_ties_each_media_forward_to_a_replay():
     assert media_forwards_without_replay(eager_one) == (2, 1)
     eager_last = events(("deepstack", 1, 8), ("graph_replay", 1, 0), ("deepstack", 1, 8))
     assert media_forwards_without_replay(eager_last) == (2, 1)
+
+
+def test_vit_replay_check_ties_each_video_encode_to_a_replay():
+    """CPU: the ViT check above, on written events (two scheduler processes interleaved)."""
+
+    def events(*written):
+        return [{"event": e, "pid": pid} for e, pid in written]
+
+    replayed = events(("vit_graph_replay", 1), ("vit_graph_replay", 2), ("video_encoded", 2), ("video_encoded", 1),
+                      ("vit_graph_replay", 1), ("vit_graph_replay", 1), ("video_encoded", 1))  # fmt: skip
+    assert encodes_without_vit_replay(replayed) == (3, 0)
+    eager_second = events(("vit_graph_replay", 1), ("video_encoded", 1), ("video_encoded", 1))
+    assert encodes_without_vit_replay(eager_second) == (2, 1)
+    other_process = events(("vit_graph_replay", 2), ("video_encoded", 1))
+    assert encodes_without_vit_replay(other_process) == (1, 1)
 
 
 def test_decode_and_chunk_checks_on_written_events():
