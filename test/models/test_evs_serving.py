@@ -672,8 +672,9 @@ def test_a_pipelined_stream_turn_is_served_after_the_one_before_it(evs_server, s
         "session_params": {"id": session, "replace": True}})  # fmt: skip
     close_session(evs_server.base_url, session)
     assert refused.status_code == 400 and "do not support replace" in refused.text, refused.text
-    assert evs_server.alive() and stream_turn(evs_server, open_session(evs_server.base_url), 0, stream_of_four[2],
-                                              settings, 1).output_ids  # fmt: skip
+    session = open_session(evs_server.base_url)
+    assert evs_server.alive() and stream_turn(evs_server, session, 0, stream_of_four[2], settings, 1).output_ids
+    close_session(evs_server.base_url, session)
 
 
 def chat_messages(index: int, segment: Path) -> list[dict]:

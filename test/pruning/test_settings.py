@@ -25,8 +25,9 @@ def request(**kwargs) -> SimpleNamespace:
 
 
 def generate_request(mm_processor_kwargs, sampling_params=None) -> SimpleNamespace:
-    """The fields of SGLang's GenerateReqInput the language server's dispatch hook reads and writes."""
-    return SimpleNamespace(mm_processor_kwargs=mm_processor_kwargs, sampling_params=sampling_params)
+    """The fields of SGLang's GenerateReqInput the language server's dispatch hook and the chat hook read and write."""
+    return SimpleNamespace(mm_processor_kwargs=mm_processor_kwargs, sampling_params=sampling_params,
+                           session_params=None)  # fmt: skip
 
 
 def test_the_server_default_is_evs_at_the_rate_given():
@@ -82,25 +83,28 @@ def _chat_serving(architecture: str) -> SimpleNamespace:
     return SimpleNamespace(tokenizer_manager=SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config)))
 
 
-def test_the_chat_hook_hands_the_setting_to_the_generate_request():
+def test_the_chat_hook_hands_the_setting_and_the_session_to_the_generate_request():
+    """The setting from `chat_template_kwargs`; `session_params`, which SGLang's conversion drops, made the
+    request's: the chat request is then a session's turn, as on `/generate`."""
     serving = _chat_serving("Qwen3VLForConditionalGeneration")
-    chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75})
+    chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75}, session_params={"id": "s"})
     generate = generate_request(None)
     result = (generate, chat)
     assert carry_chat_pruning_setting(result, serving, chat, None) is result
     assert request_pruning(generate, server_pruning(config())).rate == 0.75
+    assert generate.session_params == {"id": "s"}
     with pytest.raises(ValueError, match="video_pruning_rate must be a number in"):
-        bad = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 1.5})
+        bad = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 1.5}, session_params=None)
         fresh = generate_request(None)
         request_pruning(carry_chat_pruning_setting((fresh, bad), serving, bad)[0], server_pruning(config()))
 
 
 def test_the_chat_hook_leaves_another_models_request_as_sent():
     """A model the plugin does not prune gets its chat request converted exactly as SGLang converts it."""
-    chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75})
+    chat = SimpleNamespace(chat_template_kwargs={"video_pruning_rate": 0.75}, session_params={"id": "s"})
     generate = generate_request({"fps": 2})
     carry_chat_pruning_setting((generate, chat), _chat_serving("Gemma3ForConditionalGeneration"), chat, None)
-    assert generate.mm_processor_kwargs == {"fps": 2}
+    assert generate.mm_processor_kwargs == {"fps": 2} and generate.session_params is None
 
 
 # --- the limits on the count beside the rate (issue 50): a token budget, a per-group floor; the threshold
