@@ -9,6 +9,7 @@
   under the budget and the floor.
 * :mod:`.stream`    -- EVS over a stream sent segment by segment: a continued segment pruned as the stream is.
 * :mod:`.canonical` -- the split a pruned video is laid out with before the encoder has chosen.
+* :mod:`.divprune`  -- which image tokens DivPrune keeps (a max-min diverse subset; images are not served yet).
 
 SGLang's ``evs_core`` is reached through :mod:`sglang_evs.sglang_compat`, loaded from its file.
 """
