@@ -39,7 +39,7 @@ def test_mmmu_cli_on_fixture(server, tmp_path):
     assert 0.0 <= result["accuracy"] <= 1.0
     assert {s: r["num"] for s, r in result["per_subject"].items()} == mmmu_fixture.FIXTURE
     assert result["metrics"]["Overall"]["num"] == sum(mmmu_fixture.FIXTURE.values())
-    assert result["metrics"]["output_throughput"] > 0  # the server answered
+    assert len(result["replies"]) == sum(mmmu_fixture.FIXTURE.values()) and any(result["replies"].values())
 
 
 def test_videomme_cli_on_fixture(server, tmp_path):

@@ -3,27 +3,26 @@
     python -m sglang_evs.bench.mmmu --data-dir DIR --base-url URL [--limit N] [--max-tokens T]
         [--num-threads 8] [--output mmmu.json]
 
-Runs SGLang's MMMU evaluation (``sglang.test.run_eval``, ``eval_name="mmmu"``) in this process, i.e. SGLang's
-``MMMUVLMEval`` unchanged: its sample selection (sorted by id, first ``--limit``), prompt, chat
-sampler, answer parsing and per-subject/domain table. The one substitution: the eval module's
-``load_dataset("MMMU/MMMU", subject, split="validation")`` (a hub download) reads
-``DIR/<Subject>/`` instead. The result also keeps each question's reply, so that two servers
-(say, the plugin at q=0 and upstream SGLang) can be compared answer by answer, not only by score.
+Runs SGLang's MMMU evaluation (``sglang.test.run_eval``, ``eval_name="mmmu"``) in this process: SGLang's
+``MMMUVLMEval`` unchanged, its sample selection (sorted by id, first ``--limit``), prompt, chat sampler, answer
+parsing and per-subject/domain table. Nothing of SGLang is replaced: its ``load_dataset("MMMU/MMMU", subject,
+split="validation")`` finds DIR because ``datasets`` resolves a local directory of that name before the hub, and the
+eval prepares its samples from a working directory where ``MMMU/MMMU`` is DIR (`local_mmmu`). The result also keeps
+each question's reply (from the eval's own conversations), so that two servers (say, the plugin at q=0 and upstream
+SGLang) can be compared answer by answer, not only by score.
 
-DIR layouts (columns as on the hub: id, question, options (a Python-literal list as a string),
-explanation, image_1..image_7, img_type, answer, topic_difficulty, question_type, subfield):
-  * the hub layout, ``hf download MMMU/MMMU --repo-type dataset --local-dir DIR``:
-    ``DIR/<Subject>/validation-*.parquet``, image columns ``{"bytes", "path"}`` (needs pyarrow);
-  * ``DIR/<Subject>/validation.jsonl``, image columns a path relative to ``DIR`` or null
-    (what ``python -m sglang_evs.bench.mmmu_fixture`` writes by default).
-Subjects without data are skipped, as SGLang's loader skips subjects it cannot load.
+DIR is the hub layout, as ``hf download MMMU/MMMU --repo-type dataset --local-dir DIR`` writes it (and
+``python -m sglang_evs.bench.mmmu_fixture DIR``): ``DIR/<Subject>/validation-*.parquet`` and the ``README.md`` that
+declares one config per subject. Subjects without data are skipped, as SGLang's loader skips them.
 """
 
 import argparse
-import io
+import contextlib
 import json
 import os
+import tempfile
 from argparse import Namespace
+from collections.abc import Iterator
 from pathlib import Path
 
 IMAGE_COLUMNS = tuple(f"image_{i}" for i in range(1, 8))
@@ -31,65 +30,22 @@ COLUMNS = ("id", "question", "options", "explanation", *IMAGE_COLUMNS, "img_type
            "topic_difficulty", "question_type", "subfield")  # fmt: skip
 
 
-class LocalSplit(list):
-    """The slice of ``datasets.Dataset`` that MMMUVLMEval uses: rows as dicts, ``add_column``."""
-
-    def add_column(self, name: str, values: list) -> "LocalSplit":
-        return LocalSplit({**row, name: value} for row, value in zip(self, values, strict=True))
-
-
-def concatenate(splits: list[LocalSplit]) -> LocalSplit:
-    return LocalSplit(row for split in splits for row in split)
-
-
-def _open_image(value, root: Path):
-    """A hub image cell (``{"bytes", "path"}``), a relative path, or None -> PIL image or None."""
-    from PIL import Image
-
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        if value.get("bytes") is None:
-            return Image.open(root / value["path"]) if value.get("path") else None
-        return Image.open(io.BytesIO(value["bytes"]))
-    return Image.open(root / value)
-
-
-def read_subject(data_dir: str | Path, subject: str, split: str = "validation") -> LocalSplit:
-    """Rows of one subject's split with PIL images in ``image_*``. Raises FileNotFoundError if absent."""
-    root = Path(data_dir)
-    parquet = sorted((root / subject).glob(f"{split}-*.parquet"))
-    jsonl = root / subject / f"{split}.jsonl"
-    if parquet:
-        import pyarrow.parquet as pq
-
-        rows = [row for f in parquet for row in pq.read_table(f).to_pylist()]
-    elif jsonl.exists():
-        rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    else:
-        raise FileNotFoundError(f"no {split} data for {subject} under {root}")
-    for row in rows:
-        for col in IMAGE_COLUMNS:
-            row[col] = _open_image(row.get(col), root)
-    return LocalSplit(rows)
-
-
-def use_local_data(data_dir: str | Path):
-    """Point SGLang's MMMU eval module at ``data_dir``; return the module (``MMMUVLMEval`` inside)."""
-    from sglang.test import simple_eval_mmmu_vlm as mmmu_eval
-
+@contextlib.contextmanager
+def local_mmmu(data_dir: str | Path) -> Iterator[None]:
+    """Within: the working directory holds ``MMMU/MMMU``, a link to ``data_dir``, which ``datasets`` loads for the
+    hub's ``MMMU/MMMU``."""
     root = Path(data_dir).resolve()
-    if not root.is_dir():
-        raise FileNotFoundError(root)
-
-    def load_dataset(path: str, name: str, split: str) -> LocalSplit:
-        if path != "MMMU/MMMU":
-            raise ValueError(f"only MMMU/MMMU is local, got {path}")
-        return read_subject(root, name, split)
-
-    mmmu_eval.load_dataset = load_dataset
-    mmmu_eval.concatenate_datasets = concatenate
-    return mmmu_eval
+    if not (root / "README.md").is_file():
+        raise FileNotFoundError(f"{root}: no MMMU in the hub layout (README.md and <Subject>/validation-*.parquet)")
+    previous = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="mmmu-") as work:
+        (Path(work) / "MMMU").mkdir()
+        (Path(work) / "MMMU" / "MMMU").symlink_to(root, target_is_directory=True)
+        os.chdir(work)
+        try:
+            yield
+        finally:
+            os.chdir(previous)
 
 
 def run_mmmu(
@@ -103,10 +59,9 @@ def run_mmmu(
     """SGLang's MMMU eval on local data.
 
     Returns ``{"accuracy", "per_subject": {subj: {num, acc}}, "replies": {id: text}, "metrics"}``;
-    ``metrics`` is SGLang's dict (subjects, ``Overall-<domain>``, ``Overall``, ``score``, ``latency``,
-    ``output_throughput`` when any tokens came back).
+    ``metrics`` is SGLang's dict (subjects, ``Overall-<domain>``, ``Overall``, ``score``, ``latency``).
     """
-    mmmu_eval = use_local_data(data_dir)
+    from sglang.test import simple_eval_mmmu_vlm as mmmu_eval
     from sglang.test.run_eval import run_eval_once
 
     args = Namespace(
@@ -115,16 +70,14 @@ def run_mmmu(
     )  # fmt: skip
     # `run_eval`'s own steps for one MMMU run (its eval object, its sampler, its metrics), through its public
     # `run_eval_once`, which returns the eval's result: the conversations, one per sample in sample order
-    evaluation = mmmu_eval.MMMUVLMEval(limit, num_threads)
+    with local_mmmu(data_dir):  # the eval reads its samples as it is made
+        evaluation = mmmu_eval.MMMUVLMEval(limit, num_threads)
     os.environ.setdefault("OPENAI_API_KEY", "EMPTY")  # as run_eval sets it: SGLang's server takes any key
-    result, latency, sampler = run_eval_once(args, f"{base_url}/v1", evaluation)
+    result, latency, _ = run_eval_once(args, f"{base_url}/v1", evaluation)
     replies = {
         sample["id"]: convo[-1]["content"] for sample, convo in zip(evaluation.samples, result.convos, strict=True)
     }
     metrics = result.metrics | {"score": result.score, "latency": latency}
-    completion_tokens = sum(getattr(sampler, "_completion_tokens", ()))  # what run_eval sums for its throughput
-    if completion_tokens and latency > 0:
-        metrics["output_throughput"] = completion_tokens / latency
     subjects = {s for subs in mmmu_eval.MMMUVLMEval.DOMAIN_CAT2SUB_CAT.values() for s in subs}
     per_subject = {k: v for k, v in metrics.items() if k in subjects}
     return {"accuracy": metrics["score"], "per_subject": per_subject, "replies": replies, "metrics": metrics}

@@ -1,16 +1,13 @@
 """Write a tiny MMMU-format validation set (generated PNGs) for `sglang_evs.bench.mmmu`.
 
-    python -m sglang_evs.bench.mmmu_fixture OUT_DIR [--format jsonl|parquet]
+    python -m sglang_evs.bench.mmmu_fixture OUT_DIR
 
 Subjects and question counts: ``FIXTURE`` (one open question among them). Columns and cell
 formats are the hub's (see ``mmmu.COLUMNS``): ``options`` is a Python-literal list in a string,
-``answer`` a letter (multiple-choice) or a value (open), unused image columns are null.
-  * ``jsonl`` (no dependencies): ``OUT_DIR/<Subject>/validation.jsonl``, images as
-    ``OUT_DIR/images/<id>.png`` referenced by relative path;
-  * ``parquet`` (needs pyarrow): the hub layout ``OUT_DIR/<Subject>/validation-00000-of-00001.parquet``
-    with image cells ``{"bytes", "path"}`` and the ``huggingface`` schema metadata that makes
-    ``datasets`` decode them as images, plus a ``README.md`` declaring one config per subject, so
-    that real ``datasets`` also loads ``OUT_DIR`` as ``MMMU/MMMU`` (see docs/benchmarks.md).
+``answer`` a letter (multiple-choice) or a value (open), unused image columns are null. The hub layout:
+``OUT_DIR/<Subject>/validation-00000-of-00001.parquet`` with image cells ``{"bytes", "path"}`` and the
+``huggingface`` schema metadata that makes ``datasets`` decode them as images, plus a ``README.md`` declaring
+one config per subject, so that ``datasets`` loads ``OUT_DIR`` as ``MMMU/MMMU`` (`mmmu.local_mmmu`).
 """
 
 import argparse
@@ -76,31 +73,25 @@ def _write_parquet(out: Path, subject: str, rows: list[dict]) -> None:
     pq.write_table(pa.Table.from_pylist(cells, schema=schema), out / subject / "validation-00000-of-00001.parquet")
 
 
-def write_fixture(out_dir: str | Path, fmt: str = "jsonl") -> dict[str, int]:
+def write_fixture(out_dir: str | Path) -> dict[str, int]:
     """Write the fixture; return ``{subject: number of questions}``."""
     out = Path(out_dir)
     rows = fixture_rows(out)
     for subject, subject_rows in rows.items():
-        if fmt == "parquet":
-            _write_parquet(out, subject, subject_rows)
-            continue
-        (out / subject).mkdir(parents=True, exist_ok=True)
-        (out / subject / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in subject_rows))
-    if fmt == "parquet":
-        configs = "".join(
-            f"- config_name: {s}\n  data_files:\n  - split: validation\n    path: {s}/validation-*\n" for s in rows
-        )
-        (out / "README.md").write_text(f"---\nconfigs:\n{configs}---\n# MMMU-format fixture (sglang-evs)\n")
-        shutil.rmtree(out / "images")  # embedded in the parquet files
+        _write_parquet(out, subject, subject_rows)
+    configs = "".join(
+        f"- config_name: {s}\n  data_files:\n  - split: validation\n    path: {s}/validation-*\n" for s in rows
+    )
+    (out / "README.md").write_text(f"---\nconfigs:\n{configs}---\n# MMMU-format fixture (sglang-evs)\n")
+    shutil.rmtree(out / "images")  # embedded in the parquet files
     return {subject: len(r) for subject, r in rows.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     args = parser.parse_args()
-    print(json.dumps(write_fixture(args.out_dir, args.format)))
+    print(json.dumps(write_fixture(args.out_dir)))
 
 
 if __name__ == "__main__":
