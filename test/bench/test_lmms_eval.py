@@ -87,8 +87,6 @@ def test_messages_become_video_url_parts_with_the_rate_in_chat_template_kwargs(h
     from sglang_evs.pruning.settings import SETTINGS
 
     assert set(recipe.PRUNING_ARGS) <= set(SETTINGS)  # the backend's names are the plugin's
-    assert recipe.parse_model_args('base_url=http://h:1/v1,x="a,b",y={"k": 1, "j": 2}') == {
-        "base_url": "http://h:1/v1", "x": "a,b", "y": '{"k": 1, "j": 2}'}  # fmt: skip
 
 
 @slow
@@ -118,25 +116,29 @@ def test_request_path_prunes_per_server_and_per_request(server, hf_home):
 
 
 @slow
-def test_the_frame_copying_backend_is_refused_naming_why(server):
-    base = f"model_version=default,base_url={server.base_url}/v1"
+def test_the_frame_copying_backend_is_refused_naming_why(server, hf_home):
+    """`check_backend` takes the model args as lmms-eval parses them (the entry point parses them with lmms-eval's
+    own `simple_parse_args_string`, then refuses before lmms-eval runs)."""
+    base = {"model_version": "default", "base_url": f"{server.base_url}/v1"}
     with pytest.raises(recipe.FramesAsImagesError, match="never reach the video pruning") as refused:
         recipe.check_backend("openai_compatible", base)
     assert f"video_pruning_rate={SERVER_RATE}" in str(refused.value) and "--model sglang_evs" in str(refused.value)
     with pytest.raises(recipe.FramesAsImagesError, match="--force_simple"):
-        recipe.check_backend("openai", f"{base},pass_video_url=true", force_simple=True)
+        recipe.check_backend("openai", {**base, "pass_video_url": True}, force_simple=True)
     with pytest.raises(recipe.FramesAsImagesError, match="ignores them"):  # refused before asking any server
-        recipe.check_backend("async_openai", "base_url=http://127.0.0.1:1/v1,video_pruning_rate=0.5")
+        recipe.check_backend("async_openai", {"base_url": "http://127.0.0.1:1/v1", "video_pruning_rate": 0.5})
     with pytest.warns(UserWarning, match="pass_video_url=true sends videos as video_url"):
-        recipe.check_backend("openai", f"{base},pass_video_url=true")
+        recipe.check_backend("openai", {**base, "pass_video_url": True})
     with pytest.warns(UserWarning, match="could not be asked"):
-        recipe.check_backend("openai_compatible", "base_url=http://127.0.0.1:1/v1")
+        recipe.check_backend("openai_compatible", {"base_url": "http://127.0.0.1:1/v1"})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        recipe.check_backend("sglang_evs", f"base_url={server.base_url}/v1")
-    # the recipe's entry point refuses before lmms-eval is imported
-    with pytest.raises(SystemExit, match="^refused: lmms-eval's openai_compatible backend"):
-        recipe.main(["--model", "openai_compatible", "--model_args", base, "--tasks", "videomme"])
+        recipe.check_backend("sglang_evs", {"base_url": f"{server.base_url}/v1"})
+    model_args = f"model_version=default,base_url={server.base_url}/v1"
+    entry = subprocess.run([sys.executable, "-m", "sglang_evs.bench.lmms_eval", "--model", "openai_compatible",
+                            "--model_args", model_args, "--tasks", "videomme"], env=lmms_eval_environment(hf_home),
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert entry.returncode != 0 and "refused: lmms-eval's openai_compatible backend" in entry.stderr, entry.stderr
 
 
 def lmms_eval_environment(hf_home: Path) -> dict:

@@ -448,28 +448,6 @@ class FramesAsImagesError(ValueError):
     """A run whose backend would send video frames as images to a server that prunes videos."""
 
 
-def parse_model_args(model_args: str | None) -> dict:
-    """``k=v,k=v`` (lmms-eval's syntax, values kept as strings; quoted and braced values may hold commas)."""
-    out, depth, quote, item = {}, 0, None, ""
-    for char in (model_args or "") + ",":
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            if item.strip():
-                key, _, value = item.partition("=")
-                out[key.strip()] = value.strip().strip("\"'")
-            item = ""
-            continue
-        item += char
-    return out
-
-
 def _true(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes")
 
@@ -489,15 +467,16 @@ def server_pruning(root: str, timeout: float = 10):
     return pruning_from(overrides, NO_PRUNING)
 
 
-def check_backend(model: str, model_args: str | None = None, force_simple: bool = False, probe=server_pruning) -> None:
+def check_backend(model: str, args: dict | None = None, force_simple: bool = False, probe=server_pruning) -> None:
     """Refuse (`FramesAsImagesError`, naming why) a run whose lmms-eval backend sends each video as still
     images to a server that prunes videos, or that names a pruning setting for such a backend: frames sent as
     images never reach the pruning, so the run would measure unpruned frames. Warn when such a backend's
-    server cannot be asked. ``probe(root)``: the server's pruning (`server_pruning`)."""
+    server cannot be asked. ``args``: the backend's ``--model_args``, as lmms-eval parses them
+    (``simple_parse_args_string``). ``probe(root)``: the server's pruning (`server_pruning`)."""
     backend = BACKEND_ALIASES.get(model, model)
     if backend not in IMAGE_SENDING_BACKENDS:
         return
-    args = parse_model_args(model_args)
+    args = args or {}
     if backend in PASSES_VIDEO_URL and not force_simple and _true(args.get("pass_video_url", "false")):
         warnings.warn(
             f"lmms-eval's {model} backend with pass_video_url=true sends videos as video_url: the server's own "
@@ -550,9 +529,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model_args")
     parser.add_argument("--force_simple", action="store_true")
     known, _ = parser.parse_known_args(argv)
+    try:
+        from lmms_eval.utils import simple_parse_args_string
+    except ImportError as error:
+        sys.exit(f"lmms-eval does not import ({error}): pip install lmms-eval (docs/accuracy.md)")
     if known.model:
         try:
-            check_backend(known.model, known.model_args, known.force_simple)
+            check_backend(known.model, simple_parse_args_string(known.model_args or ""), known.force_simple)
         except FramesAsImagesError as error:
             sys.exit(f"refused: {error}")
     try:
