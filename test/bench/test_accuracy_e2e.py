@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from sglang_evs.bench import mmmu_fixture, videomme_fixture
+from sglang_evs.bench import mmmu_fixture
 
 pytestmark = pytest.mark.slow  # the full suite only (see pyproject.toml)
 
@@ -40,19 +40,6 @@ def test_mmmu_cli_on_fixture(server, tmp_path):
     assert {s: r["num"] for s, r in result["per_subject"].items()} == mmmu_fixture.FIXTURE
     assert result["metrics"]["Overall"]["num"] == sum(mmmu_fixture.FIXTURE.values())
     assert len(result["replies"]) == sum(mmmu_fixture.FIXTURE.values()) and any(result["replies"].values())
-
-
-def test_videomme_cli_on_fixture(server, tmp_path):
-    videomme_fixture.write_fixture(tmp_path / "data")
-    out = tmp_path / "videomme.json"
-    run("sglang_evs.bench.videomme", "--data-dir", str(tmp_path / "data"), "--base-url", server.base_url,
-        "--max-tokens", "4", "--output", str(out))  # fmt: skip
-    result = json.loads(out.read_text())["server"]
-    num = len(videomme_fixture.VIDEOS) * len(videomme_fixture.QUESTIONS)
-    assert result["num"] == num and len(result["replies"]) == num
-    assert 0.0 <= result["accuracy"] <= 1.0
-    assert result["per_duration"]["short"]["num"] == num
-    assert result["mean_prompt_tokens"] > 100  # video tokens reached the server
 
 
 def test_paired_mode_requests_set_the_rate_per_request(server, tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sglang_evs.bench import lmms_eval as recipe
-from sglang_evs.bench import videomme, videomme_fixture
+from sglang_evs.bench import videomme_fixture
 from sglang_evs.testing.requests import counter_increase, pruning_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,12 +47,17 @@ def hf_home(tmp_path_factory) -> Path:
 
 
 def rows(hf_home: Path) -> list[dict]:
-    return [row for row in videomme.load_rows(hf_home / "videomme") if row["question_id"] in QUESTIONS]
+    """The fixture's questions this module asks, each with its video's path."""
+    root = hf_home / "videomme"
+    lines = (root / "videomme.jsonl").read_text().splitlines()
+    picked = [row for row in map(json.loads, lines) if row["question_id"] in QUESTIONS]
+    return [{**row, "video_path": root / "data" / f"{row['videoID']}.mp4"} for row in picked]
 
 
 def messages(row: dict) -> list[dict]:
     """A question as lmms-eval's chat tasks give it (`ConfigurableMessagesTask._auto_doc_to_messages`)."""
-    content = [{"type": "video", "url": str(row["video_path"])}, {"type": "text", "text": videomme.build_prompt(row)}]
+    text = "\n".join([row["question"], *row["options"], "The best answer is:"])
+    content = [{"type": "video", "url": str(row["video_path"])}, {"type": "text", "text": text}]
     return [{"role": "user", "content": content}]
 
 

@@ -1,4 +1,5 @@
-"""Write a tiny Video-MME-format set (synthetic clips) for `sglang_evs.bench.videomme`.
+"""Write a tiny Video-MME-format set (synthetic clips), for lmms-eval's own Video-MME task run through the plugin's
+backend (test/bench/test_lmms_eval.py; docs/accuracy.md).
 
     python -m sglang_evs.bench.videomme_fixture OUT_DIR
 
