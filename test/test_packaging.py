@@ -16,6 +16,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 
@@ -158,7 +159,8 @@ def test_each_console_script_is_a_function_of_the_package_that_returns_nothing(g
 # SGLang's CUDA kernels (sglang-kernel, which SGLang's requirements bring) cannot load, and the CPU route stands in
 # for them as it does where they are absent (`runtime/import_fixes.sgl_kernel_installed`).
 
-DECLARED = {"sglang": "0.5.23", "torch": "2.14.1", "transformers": "5.19.0"}  # SGLang 0.5.23's own requirements
+# SGLang 0.5.23's own requirements (torchcodec: its video decoder on x86, which it picks wherever it imports)
+DECLARED = {"sglang": "0.5.23", "torch": "2.14.1", "transformers": "5.19.0", "torchcodec": "0.17.0"}
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +174,9 @@ def user_install() -> Path:
 
 @pytest.mark.slow
 def test_the_users_install_has_the_versions_sglang_declares(user_install):
-    probe = "import json, torch, transformers, sglang; print(json.dumps({'sglang': sglang.__version__, " \
-            "'torch': torch.__version__, 'transformers': transformers.__version__}))"  # fmt: skip
+    probe = "import json, torch, torchcodec, transformers, sglang; print(json.dumps({'sglang': sglang.__version__, " \
+            "'torch': torch.__version__, 'transformers': transformers.__version__, " \
+            "'torchcodec': torchcodec.__version__}))"  # fmt: skip
     found = json.loads(subprocess.run([str(user_install), "-c", probe], check=True, capture_output=True, text=True,
                                       timeout=300).stdout.splitlines()[-1])  # fmt: skip
     assert {name: version.split("+")[0] for name, version in found.items()} == DECLARED
@@ -199,6 +202,40 @@ def test_the_users_install_serves_a_pruned_video(user_install, tiny_model_dir, t
         assert "sglang-evs 0.1.0 plugin loaded" in log.read_text()
     finally:
         stop(process)
+
+
+DECODE = """import sys, numpy
+from sglang.srt.utils import video_decoder
+print(video_decoder._BACKEND)
+for clip in sys.argv[1:]:
+    reader = video_decoder.VideoDecoderWrapper(clip)
+    numpy.save(clip + ".npy", reader.get_frames_as_tensor(list(range(len(reader)))).numpy())
+    print(float(reader.avg_fps))
+"""
+
+
+@pytest.mark.slow
+def test_the_users_install_decodes_with_the_torchcodec_sglang_declares_as_decord_does(user_install, tmp_path,
+                                                                                     monkeypatch):  # fmt: skip
+    """SGLang's `VideoDecoderWrapper` in the user's environment picks torchcodec (the version SGLang declares, over
+    its own torch), and the suite's clips decode there to every frame, count and fps that decord gives here."""
+    from sglang.srt.utils import video_decoder
+
+    clips = [
+        media.write_clip(tmp_path / f"{kind}.mp4", kind, num_frames=16, fps=4, seed=3) for kind in media.CLIP_KINDS
+    ]
+    there = subprocess.run([str(user_install), "-c", DECODE, *map(str, clips)], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert there.returncode == 0, there.stderr[-3000:]
+    backend, *fps_there = there.stdout.split()
+    assert backend == "torchcodec"
+    monkeypatch.setattr(video_decoder, "_BACKEND", "decord")
+    for clip, fps in zip(clips, fps_there, strict=True):
+        reader = video_decoder.VideoDecoderWrapper(str(clip))
+        frames = reader.get_frames_as_tensor(list(range(len(reader)))).numpy()
+        torchcodec_frames = np.load(f"{clip}.npy")
+        assert torchcodec_frames.shape[0] == 16 and np.array_equal(torchcodec_frames, frames), clip.name
+        assert float(fps) == float(reader.avg_fps), clip.name
 
 
 @pytest.mark.slow  # asks the registry
