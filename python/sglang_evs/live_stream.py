@@ -12,12 +12,14 @@ The session is closed when the source ends or on Ctrl-C.
 
 The prompt of a turn is the checkpoint's chat template around the segment and the question: the processor of the
 server's model path (`/model_info`), or of `--model`. A turn names the one before it (`session_params.rid`), so a
-server with or without `--enable-streaming-session` serves it. Each turn is sent once the answer before it is in;
-frames of a live source wait in its buffer meanwhile.
+server with or without `--enable-streaming-session` serves it. Each turn is sent once the answer before it is in,
+while the source goes on being read and cut in a thread of its own (`captured`).
 """
 
 import argparse
+import queue
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,6 +104,27 @@ def send_turn(url: str, session: str, parent: str | None, prompt: str, segment: 
     return Answer(last["text"], first, after, pruned, meta["id"])
 
 
+def captured(segments: Iterator[Path]) -> Iterator[Path]:
+    """`segments`, cut in a thread of their own: the source is read at its pace while a turn waits for its answer
+    (a capture device's frames would otherwise pile up in its buffer, or be dropped). What the capture raised is
+    raised here, in order."""
+    ready: queue.Queue = queue.Queue()
+
+    def capture() -> None:
+        try:
+            for segment in segments:
+                ready.put(segment)
+            ready.put(None)
+        except BaseException as error:  # noqa: BLE001 - handed to the reader
+            ready.put(error)
+
+    threading.Thread(target=capture, name="capture", daemon=True).start()
+    while (item := ready.get()) is not None:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", help="a video file, a capture device or a network stream")
@@ -126,8 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     session_id, parent = session.json(), None
     try:
         with tempfile.TemporaryDirectory(prefix="sglang-evs-stream-") as folder:
-            segments = cut_segments(args.source, args.segment_s, Path(folder), not args.as_fast_as_possible,
-                                    args.input_format)  # fmt: skip
+            segments = captured(cut_segments(args.source, args.segment_s, Path(folder), not args.as_fast_as_possible,
+                                             args.input_format))  # fmt: skip
             for index, segment in enumerate(segments):
                 answer = send_turn(args.url, session_id, parent, prompt, segment, settings, args.max_new_tokens)
                 parent = answer.rid
