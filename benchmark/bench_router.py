@@ -18,8 +18,9 @@ already keeps busy, and the ratio is bounded by them.
 throughput: the request set of the router test (`sglang_evs.testing.workload`: text, image, and videos
 at q = .25 and q = .75, as chat requests whose rate sits in `chat_template_kwargs`, the field
 sglang-router 0.3.2 forwards), all at once, to one worker and to the router in front of two,
-alternating which goes first, with the workers' radix caches flushed before each; req/s = requests /
-wall time, and the per-round ratio router / one worker with a 95 % interval over rounds. Then
+alternating which goes first, with the workers' radix caches flushed before each; req/s as SGLang's bench_serving
+measures it (`python -m sglang.benchmark.serving`, the set as its `openai` dataset, all at once), and the per-round
+ratio router / one worker with a 95 % interval over rounds. Then
 `--pairs` sequential short text requests, each sent straight to a worker and through the router in
 alternating order; the router's added latency is the median of the per-pair differences, with a
 distribution-free 95 % interval.
@@ -141,12 +142,26 @@ def send_text(base_url: str, text: str, max_new_tokens: int = 4) -> object:
         return exc
 
 
-def timed_round(base_url: str, request_set: list, max_new_tokens: int) -> tuple[float, list]:
-    from sglang_evs.testing import workload
+def write_chat_dataset(request_set: list, max_new_tokens: int, path: Path) -> Path:
+    """The request set as bench_serving's `openai` dataset: one chat request per line (its rate in
+    `chat_template_kwargs`, which the dataset passes on with every other field of the line)."""
+    lines = []
+    for request in request_set:
+        body = request.chat_body(max_new_tokens)
+        body.pop("model")
+        lines.append(json.dumps(body))
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
-    start = time.perf_counter()
-    results = workload.send_concurrently(base_url, request_set, max_new_tokens, sender=workload.send_chat)
-    return time.perf_counter() - start, results
+
+def round_throughput(base_url: str, dataset: Path, num_prompts: int, out_file: Path) -> float:
+    """Requests per second of the dataset's first `num_prompts` requests sent at once, as SGLang's bench_serving
+    measures it (`python -m sglang.benchmark.serving`, no concurrency cap; it fails where any request failed)."""
+    from sglang_evs.bench.measure import run_bench_serving
+
+    record = run_bench_serving(base_url, out_file, ("--dataset-name", "openai", "--dataset-path", str(dataset)),
+                               num_prompts, max_concurrency=None, extra_args=("--request-rate", "inf"))  # fmt: skip
+    return float(record["request_throughput"])
 
 
 def one_text_latency(base_url: str) -> float:
@@ -177,20 +192,19 @@ def throughput(args, folder: Path, log: SampleLog) -> None:
         ]
         urls = [w.base_url for w in workers]
         router = stack.enter_context(running_router(urls, folder / "router.log", args.policy, args.router_args))
-        timed_round(router.base_url, request_set[:8], args.max_new_tokens)  # warm both paths once
-        timed_round(workers[0].base_url, request_set[:8], args.max_new_tokens)
+        dataset = write_chat_dataset(request_set, args.max_new_tokens, folder / "requests.jsonl")
+        round_throughput(router.base_url, dataset, 8, folder / "warm-router.jsonl")  # warm both paths once
+        round_throughput(workers[0].base_url, dataset, 8, folder / "warm-worker.jsonl")
         target_url = {"one_worker": workers[0].base_url, "router_two_workers": router.base_url}
         for round_index in range(args.rounds):
             for target in TARGETS[:: 1 if round_index % 2 == 0 else -1]:
                 for worker in workers:
                     flush_cache(worker.base_url)
                 served_before = [served_requests(w.base_url) for w in workers]
-                wall, results = timed_round(target_url[target], request_set, args.max_new_tokens)
-                failed = [r for r in results if isinstance(r, Exception)]
-                if failed:
-                    raise RuntimeError(f"{len(failed)} requests failed: {failed[0]}")
+                out_file = folder / f"round{round_index}-{target}.jsonl"
+                req_per_s = round_throughput(target_url[target], dataset, len(request_set), out_file)
                 split = [served_requests(w.base_url) - b for w, b in zip(workers, served_before, strict=True)]
-                log.sample({"round": round_index, "target": target, "req_per_s": len(request_set) / wall,
+                log.sample({"round": round_index, "target": target, "req_per_s": req_per_s,
                             "requests_per_worker": split if target == "router_two_workers" else None})  # fmt: skip
         latency_url = {"direct_s": workers[0].base_url, "routed_s": router.base_url}
         for pair in range(args.pairs):
