@@ -113,6 +113,9 @@ INTERNALS: dict[str, str] = {
     "MultimodalInputs": "sglang.srt.managers.schedule_batch:MultimodalInputs",
     "SamplingParams": "sglang.srt.sampling.sampling_params:SamplingParams",
     "GenerateReqInput": "sglang.srt.managers.io_struct:GenerateReqInput",
+    # a session opened and closed by its own turns (pruning/session_turns.py)
+    "OpenSessionReqInput": "sglang.srt.managers.io_struct:OpenSessionReqInput",
+    "CloseSessionReqInput": "sglang.srt.managers.io_struct:CloseSessionReqInput",
     "duplicate_pad_mm_input_ids": "sglang.srt.managers.mm_utils:duplicate_pad_mm_input_ids",
     "SpeculativeAlgorithm": "sglang.srt.speculative.spec_info:SpeculativeAlgorithm",
     "ForwardContext": "sglang.srt.model_executor.forward_context:ForwardContext",

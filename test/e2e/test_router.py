@@ -17,9 +17,11 @@ from sglang_evs.testing.media import TOKENS_PER_GROUP
 from sglang_evs.testing.requests import (
     VIDEO,
     chat_prompt,
+    close_session,
     counter_increase,
     generate,
     media_kwargs,
+    open_session,
     pruning_metrics,
     served_requests,
 )
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.slow
 REQUESTS = 64
 SERVER_RATE = 0.5
 REQUEST_RATES = (0.25, 0.75)
-WORKER_ARGS = worker_args(SERVER_RATE)
+WORKER_ARGS = [*worker_args(SERVER_RATE), "--enable-streaming-session"]  # sessions: the last test
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +137,42 @@ def test_a_stream_marked_in_a_chat_request_through_the_router_is_pruned_as_one_v
     assert streamed["prompt_tokens"] == direct["prompt_tokens"]
     assert streamed["prompt_tokens_details"]["video_tokens"] == TOKENS_PER_GROUP
     assert apart["prompt_tokens_details"]["video_tokens"] == 2 * TOKENS_PER_GROUP
+
+
+def chat_turn(base_url: str, session: str, index: int, segment, session_params: dict) -> dict:
+    """One segment of a stream as a chat turn of `session`, the routing key its id (a manual-policy router keeps it
+    on one worker)."""
+    content = [
+        {"type": "video_url", "video_url": {"url": f"file://{segment}"}},
+        {"type": "text", "text": f"Part {index}."},
+    ]
+    body = {"model": "default", "messages": [{"role": "user", "content": content}], "max_tokens": 4, "temperature": 0,
+            "session_params": {"id": session, **session_params},
+            "chat_template_kwargs": {"video_pruning_rate": 0.5, "video_stream": bool(index)}}  # fmt: skip
+    reply = requests.post(f"{base_url}/v1/chat/completions", json=body, headers={"X-SMG-Routing-Key": session},
+                          timeout=300)  # fmt: skip
+    return {"status": reply.status_code, **(reply.json() if reply.status_code == 200 else {"text": reply.text})}
+
+
+def test_a_stream_turn_by_turn_behind_the_router_opens_and_closes_its_own_session(cluster, tmp_path):
+    """sglang-router routes no `/open_session` (404): behind a manual-policy router, the first turn opens its
+    streaming session on the worker its routing key reaches (`session_params.open`), the last closes it
+    (`session_params.close`). Every turn equals the same turn of a session opened and closed by hand on one worker;
+    after the close, a turn naming the session is refused."""
+    _, workers = cluster
+    frames = media.clip_frames("noise", num_frames=24, seed=61)
+    segments = [media.write_mp4(tmp_path / f"part{i}.mp4", frames[8 * i : 8 * (i + 1)]) for i in range(3)]
+    by_hand = open_session(workers[0].base_url)
+    reference = [chat_turn(workers[0].base_url, by_hand, i, s, {}) for i, s in enumerate(segments)]
+    close_session(workers[0].base_url, by_hand)
+    ends = [{"open": {"streaming": True}}, {}, {"close": True}]
+    with running_router([w.base_url for w in workers], tmp_path / "manual.log", policy="manual") as router:
+        assert requests.post(f"{router.base_url}/open_session", json={}, timeout=30).status_code == 404
+        routed = [chat_turn(router.base_url, "routed-stream", i, s, ends[i]) for i, s in enumerate(segments)]
+        after_close = chat_turn(router.base_url, "routed-stream", 0, segments[2], {})
+    for index, (got, want) in enumerate(zip(routed, reference, strict=True)):
+        assert got["status"] == 200 == want["status"], (index, got, want)
+        assert got["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"], index
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"], index
+    assert routed[-1]["usage"]["prompt_tokens"] > routed[0]["usage"]["prompt_tokens"]  # one history
+    assert after_close["status"] == 400 and "does not exist" in after_close["text"], after_close

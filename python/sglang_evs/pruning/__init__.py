@@ -18,6 +18,8 @@ Tokenizer process:
                       each continued segment's context (the stream's group before it) for the model to score it by
   stream_sessions.py  what the tokenizer keeps per session: where its last video ended (a later turn's stream goes
                       on from it), committed when a turn finishes, bounded, dropped on close; its turns' lengths
+  session_turns.py    a session opened and closed by its own turns (`session_params.open`, `.close`): sessions
+                      behind sglang-router, which routes no `/open_session`
   usage.py            per-request counts (meta info, OpenAI usage) and Prometheus counters
 Scheduler process:
   admission.py        a threshold's videos encoded as the scheduler receives the request, the prompt laid out

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from sglang_evs import trace
 from sglang_evs.methods import STREAM_SETTING
+from sglang_evs.pruning import session_turns
 from sglang_evs.pruning.streams import StreamEnd
 from sglang_evs.served import serves
 
@@ -250,17 +251,22 @@ async def commit_finished_turns(upstream, manager, recv_obj, *args, **kwargs):
                 aborted = reason.get("type") == "abort"
                 lengths = (recv_obj.prompt_tokens[index], recv_obj.completion_tokens[index]) if not aborted else (0, 0)
                 SESSION_STREAMS.finished(rid, turn.session_id, aborted, *lengths)
+            if reason is not None:
+                session_turns.close_if_asked(manager, rid)
     return await upstream(manager, recv_obj, *args, **kwargs)
 
 
 async def queue_pipelined_turn(upstream, manager, obj, *args, **kwargs):
-    """AROUND hook on `TokenizerManager._tokenize_one_request`: a streaming session's turn sent while the one before
-    it is in flight (a live source does not wait for answers) waits for it, then is processed and served exactly as
-    if sent after it (SGLang would refuse it: one turn in flight per streaming session). For the models the plugin
-    serves; every other request goes on at once."""
+    """AROUND hook on `TokenizerManager._tokenize_one_request`: a turn that opens its session has it opened first
+    (`session_turns`); a streaming session's turn sent while the one before it is in flight (a live source does not
+    wait for answers) waits for it, then is processed and served exactly as if sent after it (SGLang would refuse
+    it: one turn in flight per streaming session). For the models the plugin serves; every other request goes on at
+    once."""
+    if not serves(manager.model_config.hf_config):
+        return await upstream(manager, obj, *args, **kwargs)
+    await session_turns.open_if_asked(manager, obj)
     turn = session_turn(obj)
-    queued = turn is not None and turn.session_id in SESSION_STREAMS.streaming
-    if not queued or not serves(manager.model_config.hf_config):
+    if turn is None or turn.session_id not in SESSION_STREAMS.streaming:
         return await upstream(manager, obj, *args, **kwargs)
     await SESSION_STREAMS.take_turn(turn.session_id, obj.rid, lambda rid: rid in manager.rid_to_state)
     try:
@@ -276,6 +282,7 @@ def forget_aborted_turn(manager, recv_obj, *args, **kwargs) -> None:
     rid = getattr(recv_obj, "rid", None)
     if rid:
         SESSION_STREAMS.aborted(rid)
+        session_turns.close_if_asked(manager, rid)
 
 
 def forget_refused_turn(upstream, manager, obj, *args, **kwargs):
