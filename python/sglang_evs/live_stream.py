@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import requests
 
 from sglang_evs.streamed import streamed_chunks
+from sglang_evs.testing import media
 
 
 @dataclass(frozen=True)
@@ -65,18 +67,10 @@ def cut_segments(
 
 
 def write_segment(path: Path, frames: list, fps: Fraction) -> Path:
-    """uint8 RGB [H, W, 3] frames as near-lossless H.264 (yuv420p: even sizes, cropped by a pixel if odd)."""
-    import av
-
+    """uint8 RGB [H, W, 3] frames as near-lossless H.264 (`testing.media.write_mp4`; yuv420p: even sizes, cropped by
+    a pixel if odd)."""
     height, width = (frames[0].shape[0] // 2) * 2, (frames[0].shape[1] // 2) * 2
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"crf": "1", "preset": "veryfast"}
-        for frame in frames:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame[:height, :width], format="rgb24")))
-        container.mux(stream.encode())
-    return path
+    return media.write_mp4(path, np.stack([frame[:height, :width] for frame in frames]), fps=fps)
 
 
 def turn_prompt(model: str, question: str) -> str:

@@ -164,7 +164,7 @@ def reserve_held_videos(original, *args, **kwargs) -> float:
 
     reserved = original(*args, **kwargs)
     server_args = sglang.get_server_args()
-    if not kwargs.get("is_multimodal", args[0] if args else False) or server_args is None:
+    if not kwargs.get("is_multimodal") or server_args is None:  # SGLang's function takes keywords only
         return reserved
     holds_nothing = server_args.encoder_only or server_args.language_only or server_args.disaggregation_mode == "decode"
     if holds_nothing or checkpoint_architecture(server_args) not in SERVED:

@@ -68,7 +68,7 @@ class Held:
     arrival: int  # the arrival order of the oldest request that reads it (`note_arrival`)
 
 
-_held: OrderedDict[int, Held] = OrderedDict()  # item key -> its rows, oldest first
+_held: dict[int, Held] = {}  # item key -> its rows
 # storage key -> [bytes, how many held rows keep it alive]: several items' rows may be views of one tower call
 _storages: dict[int, list[int]] = {}
 _arrivals: OrderedDict[int, int] = OrderedDict()  # item key -> the order its oldest request reached the scheduler
@@ -184,6 +184,8 @@ def release_consumed(requests, encoded=()) -> None:
     the last token of the last of them, then what the forward encoded held for the requests that read it later.
     Holding after the forward's reads, not as it encodes, lets the videos it read for the last time make room first.
     `requests`: (mm_inputs or None, prefix_len, extend_len) per request; `encoded`: (item, rows) per video encoded."""
+    if not _held and not encoded:  # every extend forward passes here, most with nothing held
+        return
     read_later = set()
     for mm_inputs, prefix, extend in requests:
         videos = [item for item in (mm_inputs.mm_items if mm_inputs is not None else ()) if item.is_video()]

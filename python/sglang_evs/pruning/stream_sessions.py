@@ -164,8 +164,9 @@ class SessionStreams:
         """A turn the scheduler aborted, whose end comes back apart from the batch outputs: it leaves the session as it
         was, and the session's next turn may go."""
         if rid in self.pending:
-            self.finished(rid, self.pending[rid][0], aborted=True)
-        self.turn_over(rid)
+            self.finished(rid, self.pending[rid][0], aborted=True)  # which also lets the next turn go
+        else:
+            self.turn_over(rid)
 
     def finished(self, rid: str, session_id: str, aborted: bool, prompt: int = 0, reply: int = 0) -> None:
         """A session turn finished (one that had a video recorded, or any other): unless aborted, it is the

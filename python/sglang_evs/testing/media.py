@@ -13,6 +13,7 @@ needs torchaudio, which the CPU route does not install.
 
 import argparse
 import importlib.util
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +65,9 @@ def video_writer() -> str:
     return "pyav" if importlib.util.find_spec("av") is not None else "opencv"
 
 
-def write_mp4(path: str | Path, frames: np.ndarray, fps: int = 4, soundtrack: np.ndarray | None = None) -> Path:
+def write_mp4(
+    path: str | Path, frames: np.ndarray, fps: int | Fraction = 4, soundtrack: np.ndarray | None = None
+) -> Path:
     """Encode uint8 [T, H, W, 3] frames as H.264 (yuv420p, near-lossless) with PyAV; `soundtrack` (mono
     float32 samples at SOUND_RATE) as an AAC stream beside them. Without PyAV, silent clips only, with OpenCV."""
     if video_writer() == "opencv":
