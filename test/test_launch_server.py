@@ -39,6 +39,13 @@ def test_the_limits_fold_in_beside_the_rate():
     }
 
 
+def test_the_image_flags_fold_in_beside_the_video_ones():
+    argv = fold_pruning_flags(["--image-pruning-method", "dart", "--image-pruning-rate", "0.5", "--video-pruning-rate",
+                               "0.25", "--model-path", "m"])  # fmt: skip
+    assert argv[:2] == ["--model-path", "m"] and overrides(argv) == {
+        "image_pruning_method": "dart", "image_pruning_rate": 0.5, "video_pruning_rate": 0.25}  # fmt: skip
+
+
 def test_without_the_flags_nothing_changes():
     assert fold_pruning_flags(["--model-path", "m"]) == ["--model-path", "m"]
 
@@ -58,6 +65,9 @@ def test_without_the_flags_nothing_changes():
             ["--json-model-override-args", '{"video_token_budjet": 5}'],
             "unknown video pruning setting 'video_token_budjet'",
         ),
+        (["--image-pruning-rate", "1"], r"image_pruning_rate must be a number in \[0, 1\)"),
+        (["--image-pruning-method", "fastv"], "image_pruning_method must be one of 'divprune', 'dart'"),
+        (["--json-model-override-args", '{"image_pruning_rat": 0.5}'], "unknown image pruning setting"),
     ],
 )
 def test_invalid_settings_are_refused_naming_them(argv, message):

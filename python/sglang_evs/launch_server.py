@@ -1,10 +1,12 @@
 """`python -m sglang.launch_server` with vLLM's `--video-pruning-method` and `--video-pruning-rate`, and
-`--video-token-budget`, `--video-pruning-min-tokens-per-group` and `--video-pruning-threshold` beside them.
+`--video-token-budget`, `--video-pruning-min-tokens-per-group` and `--video-pruning-threshold` beside them, and
+`--image-pruning-method` and `--image-pruning-rate` for images.
 
     python -m sglang_evs.launch_server --video-pruning-rate 0.75 --model-path Qwen/Qwen3-VL-8B-Instruct ...
     python -m sglang_evs.launch_server --video-pruning-method vidcom2 --video-pruning-rate 0.75 --model-path ...
     python -m sglang_evs.launch_server --video-pruning-rate 0.5 --video-token-budget 2048 \
         --video-pruning-min-tokens-per-group 16 --model-path ...
+    python -m sglang_evs.launch_server --image-pruning-rate 0.5 --model-path ...
 
 The flags are folded into SGLang's `--json-model-override-args` (merged with one given there), the
 standard way SGLang sets a model-config value in every process; everything else goes to SGLang
@@ -29,7 +31,19 @@ from sglang_evs.methods import (
     PRUNING_THRESHOLD_SETTING,
     TOKEN_BUDGET_SETTING,
 )
-from sglang_evs.pruning.settings import NO_PRUNING, RETIRED_SETTING, pruning_from
+from sglang_evs.methods.images import (
+    DEFAULT_IMAGE_METHOD,
+    IMAGE_METHODS,
+    IMAGE_PRUNING_METHOD_SETTING,
+    IMAGE_PRUNING_RATE_SETTING,
+)
+from sglang_evs.pruning.settings import (
+    NO_IMAGE_PRUNING,
+    NO_PRUNING,
+    RETIRED_SETTING,
+    image_pruning_from,
+    pruning_from,
+)
 from sglang_evs.runtime.rank_binding import cpu_rank_environment
 
 FLAG_TYPES = {
@@ -38,6 +52,8 @@ FLAG_TYPES = {
     TOKEN_BUDGET_SETTING: int,
     MIN_TOKENS_PER_GROUP_SETTING: int,
     PRUNING_THRESHOLD_SETTING: float,
+    IMAGE_PRUNING_METHOD_SETTING: str,
+    IMAGE_PRUNING_RATE_SETTING: float,
     RETIRED_SETTING: float,
 }
 FLAG_HELP = {
@@ -47,6 +63,10 @@ FLAG_HELP = {
     MIN_TOKENS_PER_GROUP_SETTING: "k: at least k tokens kept in every temporal group (0: no floor)",
     PRUNING_THRESHOLD_SETTING: "t in [0, 2]: keep the first group and every token that changed by more than t "
     "since the previous group (in place of the rate)",
+    IMAGE_PRUNING_METHOD_SETTING: f"which tokens an image keeps: {' or '.join(IMAGE_METHODS)} "
+    f"(default {DEFAULT_IMAGE_METHOD.name})",
+    IMAGE_PRUNING_RATE_SETTING: "q, the share of each image's tokens dropped, in [0, 1) (default 0: served as "
+    "upstream)",
 }
 HELP_FLAGS = ("-h", "--help")
 
@@ -56,11 +76,11 @@ def pruning_flags_help() -> str:
     parser = argparse.ArgumentParser(
         prog="python -m sglang_evs.launch_server",
         usage="%(prog)s [pruning flags] [SGLang's flags: below]",
-        description="SGLang's launch_server with video-token pruning (sglang-evs). Each pruning flag can also be "
-        "given in --json-model-override-args, and per request in mm_processor_kwargs.",
+        description="SGLang's launch_server with video- and image-token pruning (sglang-evs). Each pruning flag can "
+        "also be given in --json-model-override-args, and per request in mm_processor_kwargs.",
         add_help=False,
     )
-    group = parser.add_argument_group("video-token pruning (sglang-evs)")
+    group = parser.add_argument_group("video- and image-token pruning (sglang-evs)")
     for setting, text in FLAG_HELP.items():
         group.add_argument("--" + setting.replace("_", "-"), type=FLAG_TYPES[setting], help=text)
     return parser.format_help()
@@ -81,7 +101,8 @@ def fold_pruning_flags(argv: list[str]) -> list[str]:
     known, rest = parser.parse_known_args(argv)
     overrides = json.loads(known.json_model_override_args)
     overrides.update({key: value for key in FLAG_TYPES if (value := getattr(known, key)) is not None})
-    pruning_from(overrides, NO_PRUNING)  # validates every setting and refuses the retired one
+    pruning_from(overrides, NO_PRUNING)  # validates every video setting and refuses the retired one
+    image_pruning_from(overrides, NO_IMAGE_PRUNING)
     return [*rest, "--json-model-override-args", json.dumps(overrides)] if overrides else rest
 
 

@@ -25,16 +25,23 @@ class VideoFamily:
     - `pad_token_field`: the config field naming the token each video row occupies once the processor has
       expanded the prompt (Qwen: `video_token_id`; GLM writes a video's rows as image tokens, `image_token_id`);
     - `fewest_frames`: the fewest frames a video may have (what the family's frame sampler can make one temporal
-      group of; both families' towers encode groups of two frames, which the grid's T counts)."""
+      group of; both families' towers encode groups of two frames, which the grid's T counts);
+    - `image_pad_token_field`: the config field naming the token each image row occupies (`image_token_id` in
+      every family served)."""
 
     name: str
     processor: str  # the upstream processor class, by its name in sglang_compat
     pad_token_field: str
     fewest_frames: int
+    image_pad_token_field: str = "image_token_id"
 
     def pad_token_id(self, config) -> int:
         """The token id of a video row in an expanded prompt (`config`: the checkpoint's whole config)."""
         return int(getattr(config, self.pad_token_field))
+
+    def image_pad_token_id(self, config) -> int:
+        """The token id of an image row in an expanded prompt."""
+        return int(getattr(config, self.image_pad_token_field))
 
 
 # Qwen2-VL, Qwen2.5-VL, Qwen3-VL (+MoE), Qwen3.5 / 3.6, Qwen4-Exp, Qwen3-Omni's thinker: SGLang's one Qwen-VL

@@ -4,7 +4,8 @@
 import pytest
 import torch
 
-from sglang_evs.methods.divprune import divprune_mask, kept_count
+from sglang_evs.methods.divprune import divprune_mask
+from sglang_evs.methods.images import image_kept_count as kept_count
 from sglang_evs.testing.divprune_oracle import divprune_kept
 
 

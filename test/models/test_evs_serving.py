@@ -327,8 +327,9 @@ def test_mixed_media_requests_equal_each_request_alone(evs_server, evs_trace, cl
         assert_same_greedy(many, one, "batched vs alone")  # batched CPU GEMMs round differently
 
 
-def test_images_are_never_pruned(evs_server, media_dir):
-    """Bit-identical at q = 0.9 and q = 0 (cache flushed before each, so both prefill from scratch)."""
+def test_the_video_rate_leaves_images_alone(evs_server, media_dir):
+    """Bit-identical at video_pruning_rate 0.9 and 0 (cache flushed before each, so both prefill from scratch):
+    images have settings of their own (test_image_pruning.py)."""
     prompt, kwargs = chat_prompt(IMAGE, IMAGE), media_kwargs(images=[media_dir / "image.png", media_dir / "image2.png"])
     runs = []
     for q in (0.9, 0.0):

@@ -36,12 +36,19 @@ def scenarios(media) -> dict[str, tuple[str, dict]]:
     }
 
 
-def run_all(base_url: str, media, names: list[str]) -> dict:
+# Image pruning at q = 0, asked for by name (the plugin's servers only): served as upstream serves the request.
+IMAGES_AT_Q0 = {"mm_processor_kwargs": {"image_pruning_rate": 0.0, "image_pruning_method": "dart"}}
+
+
+def run_all(base_url: str, media, names: list[str], plugin: str) -> dict:
     cases = scenarios(media)
     results = {"fresh_text": generate(base_url, *[cases["text"][0]])[0]}
     for name in names:
         prompt, kwargs = cases[name]
         results[name] = generate(base_url, prompt, **kwargs)[0]
+    flush_cache(base_url)
+    prompt, kwargs = cases["two_images"]
+    results["images_at_q0"] = generate(base_url, prompt, **kwargs, **(IMAGES_AT_Q0 if plugin == "on" else {}))[0]
     prompt, kwargs = cases["image_video"]
     results["radix_repeat"] = generate(base_url, prompt, **kwargs)[0]
     batch = [cases[n][0] for n in ("image", "text", "video", "image_video")]
@@ -89,7 +96,7 @@ def served(tiny_model_dir, media_dir, tmp_path_factory):
             for server, (config, _, plugin) in zip(servers, plans, strict=True):
                 if plugin != with_plugin:
                     continue
-                out[config, plugin] = run_all(server.base_url, media_dir, names)
+                out[config, plugin] = run_all(server.base_url, media_dir, names, plugin)
                 if config == "single_chunk":
                     out["mmmu", plugin] = run_mmmu(server.base_url, mmmu_data, work / f"mmmu-{plugin}.json")
                 out["log", config, plugin] = server.log()
@@ -103,7 +110,7 @@ def served(tiny_model_dir, media_dir, tmp_path_factory):
     return out
 
 
-CASES = ["text", "image", "two_images", "video", "image_video", "radix_repeat", "text_after_media"]
+CASES = ["text", "image", "two_images", "video", "image_video", "radix_repeat", "text_after_media", "images_at_q0"]
 
 
 @pytest.mark.parametrize("config", ["single_chunk", "chunked"])

@@ -1,5 +1,7 @@
 """The tokenizer-side rewrite: pruned length, final positions outside the video, rate-aware hashes."""
 
+import copy
+
 import torch
 
 from sglang_evs.methods import EVS, VIDCOM2
@@ -20,6 +22,9 @@ class Item:
 
     def is_video(self):
         return self.modality == "video"
+
+    def is_image(self):
+        return self.modality == "image"
 
     def set(self, key, value):
         self.model_specific_data[key] = value
@@ -145,3 +150,41 @@ def test_a_budget_and_a_floor_set_the_regions_length_and_are_part_of_the_cache_k
     assert regions.TOKEN_BUDGET not in outputs[0].mm_items[1].model_specific_data  # rate alone: as before
     hashes = [scheduler_key(out.mm_items[1]) for out in outputs]
     assert hashes[1] == hashes[4] and len(set(hashes)) == 4
+
+
+def test_images_shrink_to_their_kept_count_each_keyed_by_method_and_rate_and_the_video_is_left_alone():
+    """text(2) | two images of 4 and 6 tokens in one bundled item (m=1) | text(1) | a video | text(2), at q = .5:
+    each image its own item, its first 2 and 3 pads left, its unpruned ids and positions on it; the video's
+    tokens and the text keep their place and positions, the decode offset grows by the 5 deleted."""
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
+
+    from sglang_evs.methods.images import DART, DIVPRUNE
+    from sglang_evs.pruning.settings import ImagePruning
+
+    ids = [1, 2, *[IMG] * 4, *[IMG] * 6, 3, VS, VIDEO, VIDEO, VE, 4, 5]
+    positions = torch.arange(3 * len(ids)).reshape(3, len(ids)) * 10
+    bundle = MultimodalDataItem(modality=Modality.IMAGE, offsets=[(2, 5), (6, 11)])
+    bundle.feature = torch.arange(40.0)[:, None].expand(40, 3).clone()  # 4 + 6 tokens of 2 x 2 patches
+    bundle.model_specific_data = {"image_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 3]])}
+    keys_by_setting = []
+    for method, rate in ((DIVPRUNE, 0.5), (DIVPRUNE, 0.5), (DART, 0.5), (DIVPRUNE, 0.25)):
+        video = Item("video", [(14, 15)], torch.tensor([[1, 1, 2]]))
+        out = Output(list(ids), [copy.deepcopy(bundle), video], positions.clone(), torch.tensor([[-7]]))
+        stats = regions.prune_image_regions(out, ImagePruning(method, rate), spatial_merge_size=1, image_token_id=IMG)
+        keys_by_setting.append(tuple(scheduler_key(item) for item in out.mm_items[:2]))
+        if rate == 0.25:
+            continue
+        assert [(s.before, s.after) for s in stats] == [(4, 2), (6, 3)]
+        first, second, kept_video = out.mm_items
+        assert kept_video is video and video.offsets == [(9, 10)]
+        assert first.offsets == [(2, 3)] and second.offsets == [(4, 6)]
+        assert out.input_ids == [1, 2, IMG, IMG, IMG, IMG, IMG, 3, VS, VIDEO, VIDEO, VE, 4, 5]
+        kept_columns = [0, 1, 2, 3, 6, 7, 8, *range(12, len(ids))]
+        assert torch.equal(out.mrope_positions, positions[:, kept_columns])
+        assert int(out.mrope_position_delta) == -7 + 5
+        assert torch.equal(second.model_specific_data[regions.REGION_POSITIONS], positions[:, 6:12])
+        assert second.model_specific_data[regions.IMAGE_TOKENS] == (6, 3)
+        assert (second.model_specific_data[regions.METHOD], second.model_specific_data[regions.RATE]) == (
+            method.name, rate)  # fmt: skip
+    same, again, dart, other_rate = keys_by_setting
+    assert same == again and len({same[0], dart[0], other_rate[0]}) == 3 and same[0] != same[1]

@@ -6,12 +6,17 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_evs.methods import EVS, VIDCOM2
+from sglang_evs.methods.images import DART, DIVPRUNE
 from sglang_evs.plugin import carry_chat_pruning_setting
 from sglang_evs.pruning.settings import (
+    NO_IMAGE_PRUNING,
     NO_PRUNING,
+    ImagePruning,
     Pruning,
     chat_processor_kwargs,
+    request_image_pruning,
     request_pruning,
+    server_image_pruning,
     server_pruning,
 )
 
@@ -183,3 +188,38 @@ def test_chat_template_kwargs_carry_the_limits_and_a_misspelt_key_to_be_refused(
     assert carried == {"video_token_budget": 64, "video_pruning_tokens": 1}
     with pytest.raises(ValueError, match="unknown video pruning setting 'video_pruning_tokens'"):
         request_pruning(generate_request(carried), NO_PRUNING)
+
+
+def test_images_are_off_by_default_and_read_like_videos_from_the_server_and_the_request():
+    assert server_image_pruning(config()) == NO_IMAGE_PRUNING == ImagePruning(DIVPRUNE, 0.0)
+    assert not NO_IMAGE_PRUNING.prunes
+    server = server_image_pruning(config(image_pruning_rate=0.5))
+    assert server == ImagePruning(DIVPRUNE, 0.5) and server.prunes
+    assert request_image_pruning(request(image_pruning_method="dart"), server) == ImagePruning(DART, 0.5)
+    assert request_image_pruning(request(image_pruning_rate=0.0), server) == NO_IMAGE_PRUNING
+    # the video settings ignore the image ones, and the other way round
+    assert request_pruning(request(image_pruning_rate=0.5), NO_PRUNING) == NO_PRUNING
+    assert request_image_pruning(request(video_pruning_rate=0.5), NO_IMAGE_PRUNING) == NO_IMAGE_PRUNING
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"image_pruning_rate": 1.0}, r"image_pruning_rate must be a number in \[0, 1\), got 1.0"),
+        ({"image_pruning_rate": True}, r"image_pruning_rate must be a number in \[0, 1\)"),
+        ({"image_pruning_method": "EVS"}, "image_pruning_method must be one of 'divprune', 'dart', got 'EVS'"),
+    ],
+)
+def test_a_bad_image_setting_is_refused_naming_it(settings, message):
+    with pytest.raises(ValueError, match=message):
+        request_image_pruning(request(**settings), NO_IMAGE_PRUNING)
+    with pytest.raises(ValueError, match=message):
+        server_image_pruning(config(**settings))
+
+
+def test_a_misspelt_image_key_is_refused_naming_every_setting():
+    with pytest.raises(ValueError, match="unknown image pruning setting 'image_pruning_ratio': the settings are .*"
+                                         "image_pruning_method, image_pruning_rate"):  # fmt: skip
+        request_pruning(request(image_pruning_ratio=0.5), NO_PRUNING)
+    carried = chat_processor_kwargs({"image_pruning_rate": 0.5, "enable_thinking": 0}, None)
+    assert carried == {"image_pruning_rate": 0.5}

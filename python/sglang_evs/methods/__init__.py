@@ -1,4 +1,5 @@
-"""Pure-torch video-token pruning methods (EVS, VidCom2); nothing of SGLang but ``evs_core``'s maths.
+"""Pure-torch video- and image-token pruning methods (EVS, VidCom2; DivPrune, DART); nothing of SGLang but
+``evs_core``'s maths.
 
 * :mod:`.inputs`    -- the settings' names and what every method takes: the rate, the grid, the rows.
 * :mod:`.evs`       -- which video tokens EVS keeps (kept count, keep-mask).
@@ -9,7 +10,9 @@
   under the budget and the floor.
 * :mod:`.stream`    -- EVS over a stream sent segment by segment: a continued segment pruned as the stream is.
 * :mod:`.canonical` -- the split a pruned video is laid out with before the encoder has chosen.
-* :mod:`.divprune`  -- which image tokens DivPrune keeps (a max-min diverse subset; images are not served yet).
+* :mod:`.images`    -- the image methods behind one interface, by the name ``image_pruning_method`` gives them.
+* :mod:`.divprune`  -- which image tokens DivPrune keeps (a max-min diverse subset).
+* :mod:`.dart`      -- which image tokens DART keeps (the least duplicated by a few pivots).
 
 SGLang's ``evs_core`` is reached through :mod:`sglang_evs.sglang_compat`, loaded from its file.
 """

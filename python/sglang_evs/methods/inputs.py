@@ -29,8 +29,8 @@ STREAM_SETTING = "video_stream"  # a request's videos are consecutive segments o
 GridTHW = Sequence[int] | torch.Tensor
 
 
-def check_pruning_rate(pruning_rate: object) -> float:
-    """``pruning_rate`` as a float if it is a real number in ``[0, 1)``, else ValueError naming the setting
+def check_pruning_rate(pruning_rate: object, setting: str = PRUNING_RATE_SETTING) -> float:
+    """``pruning_rate`` as a float if it is a real number in ``[0, 1)``, else ValueError naming ``setting``
     (booleans, NaN, strings and None are refused)."""
     ok = (
         isinstance(pruning_rate, numbers.Real)
@@ -39,7 +39,7 @@ def check_pruning_rate(pruning_rate: object) -> float:
         and 0.0 <= float(pruning_rate) < 1.0
     )
     if not ok:
-        raise ValueError(f"{PRUNING_RATE_SETTING} must be a number in [0, 1), got {pruning_rate!r}")
+        raise ValueError(f"{setting} must be a number in [0, 1), got {pruning_rate!r}")
     return float(pruning_rate)  # type: ignore[arg-type]
 
 

@@ -6,7 +6,7 @@ its language model class (upstream's plus `ReadsGraphInputs`). Its videos' famil
 (`served.SERVED`, under the architecture it serves: its class's name).
 The deepstack levels are the vision tower's (`num_deepstack_embeddings`, 0 where upstream has none).
 The rest is here:
-  - `attach`: the language model's fixed-address `GraphInputs` and the model's `PrunedVideos`;
+  - `attach`: the language model's fixed-address `GraphInputs`, the model's `PrunedVideos` and `PrunedImages`;
   - `post_process`: the routine's hook (multimodal/contract.py), every forward: `fill_graph_inputs`;
   - `forward`: upstream's forward, through the generic embedding routine: `forward_through_routine`.
 """
@@ -30,6 +30,7 @@ from sglang_evs.models.graph_inputs import (
 )
 from sglang_evs.multimodal.contract import BatchLayout, FetchedEmbedding
 from sglang_evs.multimodal.embed_routine import general_mm_embed_routine
+from sglang_evs.pruning.images import PrunedImages
 from sglang_evs.pruning.refusals import refuse_encoder_default
 from sglang_evs.pruning.settings import server_pruning
 from sglang_evs.pruning.videos import PrunedVideos
@@ -51,9 +52,11 @@ class AdaptedModel:
         if getattr(config, "encoder_only", False):  # an `--encoder-only` server: a vision tower, no language model
             refuse_encoder_default(server_pruning(config))
             self.pruned_videos = None  # it prunes what requests ask (pruning/disaggregated.py), in the encoder
+            self.pruned_images = None
             return
         encode = super().get_video_feature
         attach(self, config, self.language_model_cls, getattr(self, "num_deepstack_embeddings", 0), encode)
+        self.pruned_images = PrunedImages(config, self.video_family, super().get_image_feature)
 
     @property
     def video_family(self) -> VideoFamily:
@@ -64,6 +67,11 @@ class AdaptedModel:
         if self.pruned_videos is None:
             return super().get_video_feature(items)
         return self.pruned_videos.features(items)
+
+    def get_image_feature(self, items):
+        if getattr(self, "pruned_images", None) is None:
+            return super().get_image_feature(items)
+        return self.pruned_images.features(items)
 
     def post_process(self, fetched: list[FetchedEmbedding], layout: BatchLayout) -> list[FetchedEmbedding]:
         return fill_graph_inputs(self, fetched, layout)
@@ -125,6 +133,8 @@ def fill_graph_inputs(model, fetched: list[FetchedEmbedding], layout: BatchLayou
     carried = model.model.graph_inputs.write(layout.num_tokens, forward_batch.mrope_positions)
     if carried.positions is not None and model.pruned_videos is not None:
         model.pruned_videos.write_positions(layout, carried.positions)
+    if carried.positions is not None and getattr(model, "pruned_images", None) is not None:
+        model.pruned_images.write_positions(layout, carried.positions)
     setattr(forward_batch, CARRIED_FIELD, carried)
     if carried.deepstack is None:
         return fetched

@@ -1,8 +1,8 @@
-"""Video-token pruning as one mechanism that any M-RoPE model joins with a small adapter.
+"""Video- and image-token pruning as one mechanism that any M-RoPE model joins with a small adapter.
 
 What applies, and what is refused:
   settings.py         which method (EVS, VidCom2), rate or threshold, token budget and per-group floor apply:
-                      the server default or the request's own
+                      the server default or the request's own; an image's method (DivPrune, DART) and rate
   refusals.py         what a server's setup cannot prune with (speculation, disaggregation), why, and the errors;
                       the one request feature refused over a pruned video (input logprobs)
 Tokenizer process:
@@ -10,7 +10,8 @@ Tokenizer process:
                       that prune (or, under encoder disaggregation, `encoder_records.lay_out_pruned`)
   regions.py          each pruned video becomes one region of its pruned length (known before encoding),
                       positions outside it and the decode offset final, the item keyed by `keys.py`; a
-                      threshold's videos are marked and left unpruned
+                      threshold's videos are marked and left unpruned; each pruned image its first kept-count
+                      pads (`prune_image_regions`)
   keys.py             a pruned video's cache key: content hash folded with how it is pruned, into the hash
                       SGLang computes anyway, where it computes it (a hook on `MultimodalDataItem.set_pad_value`):
                       the tokenizer never hashes pixels for it
@@ -26,9 +27,11 @@ Scheduler process:
                       from their masks (`deletion.delete_tokens`) before SGLang builds the request
   videos.py           `PrunedVideos`: batched encoding, keep-mask (decided once per video), region fill, exact
                       positions per forward
+  images.py           `PrunedImages`: an image's keep-mask (decided once per image), its kept rows, exact positions
+                      per forward (the rule of `videos.write_region_positions`)
   holds.py            each video encoded once per request: its rows held from its first chunk to its last,
                       under a bound, released with the request's media (finished, aborted)
-  sessions.py         a pruned video in a later session turn: its region positions moved with the turn's;
+  sessions.py         a pruned video or image in a later session turn: its region positions moved with the turn's;
                       a session turn's input logprobs over its session's pruned video refused
 Both:
   fields.py           what a pruned item carries between the two, and region helpers
@@ -44,7 +47,8 @@ Prefill/decode disaggregation (each server lays the prompt out itself):
                       as failed (an SGLang race that ended a prefill server's transfer thread)
 
 The mechanism knows methods only through `methods.PruningMethod` (kept count before
-encoding, keep-mask after; under a budget or floor `methods.limited_count` / `methods.limited_mask`), and a
+encoding, keep-mask after; under a budget or floor `methods.limited_count` / `methods.limited_mask`) and
+`methods.images.ImagePruningMethod`, and a
 model family only through its `served.VideoFamily`. An adapter (models/)
 declares only its upstream class, its language model class and its deepstack levels; the positions come from
 upstream's own `get_rope_index`, and the mask scores every column the vision tower returns.

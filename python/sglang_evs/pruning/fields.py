@@ -1,7 +1,8 @@
-"""What a pruned video item carries from the tokenizer process to the model, and region helpers.
+"""What a pruned video or image item carries from the tokenizer process to the model, and region helpers.
 
 Neutral ground: the tokenizer side (`regions.py`) writes these fields, the model side
-(`videos.py`) reads them; neither imports the other.
+(`videos.py`, `images.py`) reads them; neither imports the other. A pruned image carries METHOD, RATE,
+REGION_IDS, REGION_POSITIONS and IMAGE_TOKENS; the other fields are videos' alone.
 """
 
 import hashlib
@@ -16,6 +17,7 @@ MIN_TOKENS_PER_GROUP = "evs_min_tokens_per_group"  # k > 0, set only where a flo
 REGION_IDS = "evs_region_ids"  # [len(R)] int64, unpruned region token ids
 REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region
 VIDEO_TOKENS = "evs_video_tokens"  # (before, after) pruning
+IMAGE_TOKENS = "evs_image_tokens"  # (before, after) pruning, of an image
 # {"threshold", "token_budget", "min_tokens_per_group"} of a video laid out unpruned for its threshold: the
 # scheduler decides its mask when it admits the request and lays the prompt out from it (`admission.py`).
 # A dict, which SGLang's per-item split of model_specific_data copies whole.
@@ -76,6 +78,16 @@ def pruned_with(item) -> tuple[str, float] | None:
 def video_grids(item) -> torch.Tensor:
     """[N, 3] (T, H, W) of each video an item holds (a Qwen2-VL-family item may bundle several)."""
     return item.video_grid_thw.reshape(-1, 3)
+
+
+def image_grids(item) -> torch.Tensor:
+    """[N, 3] (T, H, W) of each image an item holds (a Qwen-family item bundles a request's images)."""
+    return item.image_grid_thw.reshape(-1, 3)
+
+
+def media_grids(item) -> torch.Tensor | None:
+    """[N, 3] grids of an image or video item's media; None for another modality."""
+    return video_grids(item) if item.is_video() else image_grids(item) if item.is_image() else None
 
 
 def video_grid(item) -> list[int]:

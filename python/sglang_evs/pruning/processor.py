@@ -22,9 +22,20 @@ from sglang_evs.pruning.refusals import (
     refuse_prompt_logprobs_over_pruned_videos,
     refuse_request_features_with_threshold,
     refuse_unsupported,
+    refuse_unsupported_images,
 )
-from sglang_evs.pruning.regions import mark_threshold_videos, prune_video_regions, split_bundled_videos
-from sglang_evs.pruning.settings import request_pruning, server_pruning
+from sglang_evs.pruning.regions import (
+    mark_threshold_videos,
+    prune_image_regions,
+    prune_video_regions,
+    split_bundled_videos,
+)
+from sglang_evs.pruning.settings import (
+    request_image_pruning,
+    request_pruning,
+    server_image_pruning,
+    server_pruning,
+)
 from sglang_evs.pruning.stream_sessions import SESSION_STREAMS, session_turn
 from sglang_evs.pruning.streams import (
     STREAM_TURN,
@@ -35,7 +46,7 @@ from sglang_evs.pruning.streams import (
     refuse_unstreamable,
     stream_end,
 )
-from sglang_evs.pruning.usage import record_threshold_usage, record_usage
+from sglang_evs.pruning.usage import record_image_usage, record_threshold_usage, record_usage
 from sglang_evs.served import VideoFamily
 
 logger = logging.getLogger(__name__)
@@ -71,16 +82,21 @@ class PruningProcessor:
     def __init__(self, hf_config, server_args, _processor, *args, **kwargs) -> None:
         super().__init__(hf_config, server_args, _processor, *args, **kwargs)
         self.pruning = server_pruning(hf_config)
+        self.image_pruning = server_image_pruning(hf_config)
         self.conflict = conflicting_setup(server_args, hf_config)
         self.rate_only = rate_only_setup(server_args)
         self.content_unreached = content_unreached_setup(server_args)
         self.tokenizer_workers = int(getattr(server_args, "tokenizer_worker_num", 1) or 1)
         refuse_unsupported(self.pruning, self.conflict, self.rate_only, self.content_unreached)
+        refuse_unsupported_images(self.image_pruning, self.conflict, self.rate_only)
         logging.getLogger("sglang_evs").info(
-            "sglang-evs: %s processor with video pruning, default video_pruning_method=%s %s",
+            "sglang-evs: %s processor with video pruning, default video_pruning_method=%s %s; image_pruning_method=%s "
+            "image_pruning_rate=%s",
             hf_config.architectures[0] if getattr(hf_config, "architectures", None) else "VLM",
             self.pruning.method.name,
             self.pruning.named(),
+            self.image_pruning.method.name,
+            self.image_pruning.rate,
         )
 
     def get_mm_data(self, prompt, embeddings, **kwargs):
@@ -124,6 +140,8 @@ class PruningProcessor:
         start = time.perf_counter()
         pruning = request_pruning(request_obj, self.pruning)
         refuse_unsupported(pruning, self.conflict, self.rate_only, self.content_unreached)
+        image_pruning = request_image_pruning(request_obj, self.image_pruning)
+        refuse_unsupported_images(image_pruning, self.conflict, self.rate_only)
         on_device = bool(getattr(self, "keep_mm_features_on_device", False))
         if pruning.stream:
             refuse_unstreamable(self.hf_config.model_type, request_obj, on_device, self.tokenizer_workers)
@@ -159,6 +177,10 @@ class PruningProcessor:
             for video in videos:
                 name = pruning.method.name
                 logger.debug("%s q=%s: video tokens %d -> %d", name, pruning.rate, video.before, video.after)
+        if image_pruning.prunes and output is not None and any(item.is_image() for item in output.mm_items):
+            pad = self.family.image_pad_token_id(self.hf_config)
+            images = prune_image_regions(output, image_pruning, merge, pad)
+            record_image_usage(getattr(request_obj, "rid", None), image_pruning, images)
         if session is not None and segments:  # a later turn may continue its last video: recorded once it is accepted
             end = stream_end(split_bundled_videos(segments[-1:])[-1], turn.frames, turn.fps)  # the last video's end
             SESSION_STREAMS.record_turn(getattr(request_obj, "rid", None), session, end)

@@ -23,8 +23,9 @@ from sglang_evs.methods import (
     PRUNING_THRESHOLD_SETTING,
     TOKEN_BUDGET_SETTING,
 )
+from sglang_evs.methods.images import IMAGE_PRUNING_RATE_SETTING
 from sglang_evs.pruning.fields import is_pruned, pruned_limits, pruned_with, region_span
-from sglang_evs.pruning.settings import Pruning
+from sglang_evs.pruning.settings import ImagePruning, Pruning
 from sglang_evs.served import EAGLE3_DRAFT, SERVED, mtp_draft_of, serves
 
 
@@ -209,6 +210,18 @@ def refuse_encoder_default(pruning: Pruning) -> None:
         raise ValueError(
             f"{pruning.named()}: an encoder server (--encoder-only) prunes as each request "
             "asks, over its language server's default; set the pruning default on the --language-only server"
+        )
+
+
+def refuse_unsupported_images(pruning: ImagePruning, conflict: str | None, disaggregated: str | None) -> None:
+    """ValueError naming `image_pruning_rate` where images are to be pruned under `conflict` (a `conflicting_setup`
+    answer: what videos cannot be pruned with either) or a disaggregated setup (a `rate_only_setup` answer: the
+    servers' image handshake and records are not built yet)."""
+    setup = conflict or disaggregated
+    if pruning.prunes and setup is not None:
+        raise ValueError(
+            f"{IMAGE_PRUNING_RATE_SETTING}={pruning.rate}: image pruning ({pruning.method.name}) is not supported "
+            f"with {setup} yet; set {IMAGE_PRUNING_RATE_SETTING} to 0 (or unset it) or serve without {setup}"
         )
 
 

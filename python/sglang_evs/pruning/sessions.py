@@ -40,7 +40,7 @@ def move_pruned_regions_with_the_turn(upstream, req, image_inputs, *args, **kwar
     if not bool(shift.any()):  # the session's first turn
         return result
     for item in image_inputs.mm_items:
-        if item.is_video() and is_pruned(item):
+        if is_pruned(item):  # a video or an image
             region = item.model_specific_data[REGION_POSITIONS]
             item.set(REGION_POSITIONS, region + shift.to(region.device, region.dtype))
     return result

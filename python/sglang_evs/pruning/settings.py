@@ -18,6 +18,9 @@ name. A key in the settings' namespace (`video_pruning_*`, `video_token_*`) that
 misspelling, is refused naming the ones that exist; `video_retention_ratio` (this project's former
 VidCom2 setting) is refused with what to write instead. What a server's setup cannot prune with, and the
 errors that refuse it, are `refusals.py`'s.
+
+Images have settings of their own, read the same ways (`ImagePruning`): `image_pruning_method` ("divprune" |
+"dart", default "divprune") and `image_pruning_rate` q in [0, 1), off by default (`methods.images`).
 """
 
 from collections.abc import Mapping
@@ -38,6 +41,14 @@ from sglang_evs.methods import (
     limited_count,
     method_named,
 )
+from sglang_evs.methods.images import (
+    DEFAULT_IMAGE_METHOD,
+    IMAGE_PRUNING_METHOD_SETTING,
+    IMAGE_PRUNING_RATE_SETTING,
+    ImagePruningMethod,
+    check_image_pruning_rate,
+    image_method_named,
+)
 
 RETIRED_SETTING = "video_retention_ratio"
 SETTINGS = (
@@ -48,9 +59,10 @@ SETTINGS = (
     PRUNING_THRESHOLD_SETTING,
     STREAM_SETTING,
 )
+IMAGE_SETTINGS = (IMAGE_PRUNING_METHOD_SETTING, IMAGE_PRUNING_RATE_SETTING)
 # Every key the plugin reads from a config or a request: the retired one too, to refuse it by name.
-READ_SETTINGS = (*SETTINGS, RETIRED_SETTING)
-NAMESPACE = ("video_pruning_", "video_token_")  # a key starting so and not a setting is a misspelling
+READ_SETTINGS = (*SETTINGS, *IMAGE_SETTINGS, RETIRED_SETTING)
+NAMESPACE = ("video_pruning_", "video_token_", "image_pruning_")  # a key so named and not a setting: a misspelling
 NOT_SETTINGS = frozenset({"video_token_id", "video_token_index"})  # model-config token ids with the prefix
 
 
@@ -117,9 +129,10 @@ def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
         )
     unknown = unknown_settings(settings)
     if unknown:
+        kind = "image" if all(key.startswith("image_") for key in unknown) else "video"
         raise ValueError(
-            f"unknown video pruning setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
-            f"the settings are {', '.join(SETTINGS)}"
+            f"unknown {kind} pruning setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
+            f"the settings are {', '.join((*SETTINGS, *IMAGE_SETTINGS))}"
         )
     name, rate = settings.get(PRUNING_METHOD_SETTING), settings.get(PRUNING_RATE_SETTING)
     budget, floor = settings.get(TOKEN_BUDGET_SETTING), settings.get(MIN_TOKENS_PER_GROUP_SETTING)
@@ -156,6 +169,39 @@ def pruning_from(settings: Mapping[str, object], default: Pruning) -> Pruning:
             f"{PRUNING_METHOD_SETTING}='{DEFAULT_METHOD.name}', not {pruning.method.name!r}"
         )
     return pruning
+
+
+@dataclass(frozen=True)
+class ImagePruning:
+    method: ImagePruningMethod
+    rate: float  # q in [0, 1); 0 prunes nothing, whatever the method
+
+    @property
+    def prunes(self) -> bool:
+        return self.rate > 0.0
+
+
+NO_IMAGE_PRUNING = ImagePruning(DEFAULT_IMAGE_METHOD, 0.0)
+
+
+def image_pruning_from(settings: Mapping[str, object], default: ImagePruning) -> ImagePruning:
+    """The image settings `settings` name, each falling back to `default`'s; ValueError naming the setting when a
+    value is invalid (a misspelt key of the namespace is `pruning_from`'s to refuse)."""
+    name, rate = settings.get(IMAGE_PRUNING_METHOD_SETTING), settings.get(IMAGE_PRUNING_RATE_SETTING)
+    return ImagePruning(
+        default.method if name is None else image_method_named(name),
+        default.rate if rate is None else check_image_pruning_rate(rate),
+    )
+
+
+def server_image_pruning(hf_config) -> ImagePruning:
+    """The server-wide image default; raises ValueError naming the setting if it is invalid."""
+    return image_pruning_from({key: getattr(hf_config, key, None) for key in IMAGE_SETTINGS}, NO_IMAGE_PRUNING)
+
+
+def request_image_pruning(request_obj, default: ImagePruning) -> ImagePruning:
+    """The request's own image settings over `default` (ValueError naming the setting if invalid)."""
+    return image_pruning_from(getattr(request_obj, "mm_processor_kwargs", None) or {}, default)
 
 
 def server_pruning(hf_config) -> Pruning:

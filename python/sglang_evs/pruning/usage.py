@@ -16,7 +16,8 @@ from sglang_evs.methods import (
     PRUNING_THRESHOLD_SETTING,
     TOKEN_BUDGET_SETTING,
 )
-from sglang_evs.pruning.settings import Pruning
+from sglang_evs.methods.images import IMAGE_PRUNING_METHOD_SETTING, IMAGE_PRUNING_RATE_SETTING
+from sglang_evs.pruning.settings import ImagePruning, Pruning
 
 _by_request: OrderedDict[str, dict] = OrderedDict()
 _MAX_PENDING = 4096
@@ -47,9 +48,25 @@ def record_usage(rid, pruning: Pruning, videos) -> None:
         _hand_over(one_rid, usage_fields(pruning, before, after))
 
 
+def record_image_usage(rid, pruning: ImagePruning, images) -> None:
+    """A request's pruned images (VideoTokenCounts each): `image_pruning_method`, `image_pruning_rate`,
+    `image_tokens_before_pruning` and `..._after_pruning` beside its video fields, and the image counters."""
+    before, after = sum(i.before for i in images), sum(i.after for i in images)
+    _count_images(pruning.method.name, before, after, len(images))
+    fields = {
+        IMAGE_PRUNING_METHOD_SETTING: pruning.method.name,
+        IMAGE_PRUNING_RATE_SETTING: pruning.rate,
+        "image_tokens_before_pruning": before,
+        "image_tokens_after_pruning": after,
+    }
+    for one_rid in [] if rid is None else rid if isinstance(rid, list) else [rid]:
+        _hand_over(one_rid, fields)
+
+
 def _hand_over(rid: str, fields: dict) -> None:
-    """A request's fields, for its outputs (`add_usage_to_meta_info`); the oldest go past `_MAX_PENDING`."""
-    _by_request[rid] = fields
+    """A request's fields, for its outputs (`add_usage_to_meta_info`), beside those handed over before (its
+    videos', its images'); the oldest go past `_MAX_PENDING`."""
+    _by_request[rid] = {**_by_request.pop(rid, {}), **fields}
     while len(_by_request) > _MAX_PENDING:
         _by_request.popitem(last=False)
 
@@ -110,15 +127,33 @@ async def add_usage_to_meta_info(upstream, manager, recv_obj, *args, **kwargs):
 
 
 def _count(method: str, before: int, after: int, videos: int) -> None:
+    _inc(_prometheus_counters()[:3], method, before, after, videos)
+
+
+def _count_images(method: str, before: int, after: int, images: int) -> None:
+    _inc(_prometheus_counters()[3:], method, before, after, images)
+
+
+def _inc(counters: tuple, method: str, before: int, after: int, media: int) -> None:
+    for counter, amount in zip(counters, (before, after, media), strict=True):
+        counter.labels(method=method).inc(amount)
+
+
+def _prometheus_counters() -> tuple:
+    """Video tokens before and after, videos pruned; image tokens before and after, images pruned (by method)."""
     global _counters
     if _counters is None:
         from prometheus_client import Counter
 
-        _counters = (
-            Counter("sglang_evs_video_tokens_before_pruning", "Video tokens before pruning", ["method"]),
-            Counter("sglang_evs_video_tokens_after_pruning", "Video tokens after pruning", ["method"]),
-            Counter("sglang_evs_pruned_videos", "Videos pruned", ["method"]),
+        _counters = tuple(
+            Counter(f"sglang_evs_{name}", text, ["method"])
+            for name, text in (
+                ("video_tokens_before_pruning", "Video tokens before pruning"),
+                ("video_tokens_after_pruning", "Video tokens after pruning"),
+                ("pruned_videos", "Videos pruned"),
+                ("image_tokens_before_pruning", "Image tokens before pruning"),
+                ("image_tokens_after_pruning", "Image tokens after pruning"),
+                ("pruned_images", "Images pruned"),
+            )
         )
-    _counters[0].labels(method=method).inc(before)
-    _counters[1].labels(method=method).inc(after)
-    _counters[2].labels(method=method).inc(videos)
+    return _counters

@@ -159,8 +159,9 @@ def hf_pruned_greedy(
                                  deepstack=prompt.deepstack)  # fmt: skip
 
 
-class VideoPrompt(NamedTuple):
-    """A prompt with one video as transformers' Qwen3-VL lays it out unpruned, with the rows a keep-mask keeps."""
+class MediaPrompt(NamedTuple):
+    """A prompt with one video or images as transformers' Qwen3-VL lays it out unpruned, with the rows a keep-mask
+    keeps."""
 
     model: object
     ids: torch.Tensor  # [T] token ids, unpruned
@@ -168,14 +169,14 @@ class VideoPrompt(NamedTuple):
     positions: torch.Tensor  # [3, 1, T] get_rope_index's
     delta: int  # get_rope_index's decode offset of the unpruned prompt
     keep: torch.Tensor  # [T] bool: the rows the pruned prompt keeps
-    is_pad: torch.Tensor  # [T] bool: the video's pads
+    is_pad: torch.Tensor  # [T] bool: the video's (the images') pads
     deepstack: list[torch.Tensor] | None  # per level, the kept pads' rows (None: a family without deepstack)
 
 
 @cache
 def hf_video_prompt(
     model_dir: Path, clip: Path, q: float, keep_mask=compute_retention_mask, prompt: str = chat_prompt(VIDEO)
-) -> VideoPrompt:
+) -> MediaPrompt:
     """``prompt`` (one VIDEO placeholder, the same text the server gets) with ``clip``, laid out by
     transformers' processor and Qwen3-VL, with `keep_mask(rows, grid, m, q)` applied to the video's pads.
     Computed once per arguments (a clip is written once per test run): the tensors are not to be changed."""
@@ -197,7 +198,47 @@ def hf_video_prompt(
         keep[is_pad] = mask
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_pad] = main
-    return VideoPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
+    return MediaPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
+
+
+def hf_image_prompt(model_dir: Path, images: Sequence[Path], keep_kept: Callable[[list[list[float]], int], list[int]],
+                    q: float, prompt: str) -> MediaPrompt:  # fmt: skip
+    """``prompt`` (one IMAGE placeholder per image) with ``images``, laid out unpruned by transformers' processor and
+    Qwen3-VL, each image's pads kept as ``keep_kept(rows, count)`` (a plain oracle over the image's rows as lists of
+    floats, ``[main | deepstack...]`` columns, keeping ``max(1, int(N * (1 - q)))``) chooses."""
+    from PIL import Image
+
+    model, processor = hf(str(model_dir))
+    pictures = [Image.open(path).convert("RGB") for path in images]
+    inputs = processor(text=[prompt], images=pictures, return_tensors="pt")
+    ids, grid = inputs["input_ids"][0], inputs["image_grid_thw"]
+    cfg = model.config
+    with torch.no_grad():
+        positions, delta = model.model.get_rope_index(ids[None], inputs["mm_token_type_ids"], image_grid_thw=grid)
+        feats = model.model.get_image_features(inputs["pixel_values"], grid)
+        main = torch.cat(list(feats.pooler_output))
+        levels = [torch.cat(list(per_image)) for per_image in feats.deepstack_features]
+        rows = torch.cat([main, *levels], dim=1)
+        masks = []
+        for image_rows in rows.split([int(n) // cfg.vision_config.spatial_merge_size**2 for n in grid.prod(-1)]):
+            mask = torch.zeros(image_rows.shape[0], dtype=torch.bool)
+            mask[keep_kept(image_rows.tolist(), max(1, int(image_rows.shape[0] * (1 - q))))] = True
+            masks.append(mask)
+        mask = torch.cat(masks)
+        is_pad = ids == cfg.image_token_id
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        keep[is_pad] = mask
+        embeds = model.model.language_model.embed_tokens(ids)
+        embeds[is_pad] = main
+    return MediaPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
+
+
+def hf_greedy_on_prompt(prompt: MediaPrompt, steps: int = 8, forced: list[int] | None = None) -> HFReference:
+    """The reference rule on `prompt`: its kept rows at their unpruned positions, greedily decoded."""
+    with torch.no_grad():
+        return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions.clone(), prompt.delta, prompt.keep,
+                                 prompt.is_pad, steps, visual=prompt.is_pad, deepstack=prompt.deepstack,
+                                 forced=forced)  # fmt: skip
 
 
 class StreamInputs(NamedTuple):
@@ -268,7 +309,7 @@ def stream_rule_masks(inputs: StreamInputs, q: float | None, threshold: float | 
     return stream_keep_masks(inputs.rows(), inputs.grid.tolist(), merge, q, threshold)
 
 
-def stream_video_prompt(inputs: StreamInputs, masks: Sequence[torch.Tensor]) -> VideoPrompt:
+def stream_video_prompt(inputs: StreamInputs, masks: Sequence[torch.Tensor]) -> MediaPrompt:
     """The stream's prompt with each segment's rows at its pads, and the rows ``masks`` keep (per segment, [T*h*w])."""
     model, ids = inputs.model, inputs.ids
     mask = torch.cat(list(masks))
@@ -279,7 +320,7 @@ def stream_video_prompt(inputs: StreamInputs, masks: Sequence[torch.Tensor]) -> 
         embeds = model.model.language_model.embed_tokens(ids)
         embeds[is_pad] = torch.cat(inputs.main)
     deepstack = None if inputs.levels is None else [torch.cat(level)[mask] for level in inputs.levels]
-    return VideoPrompt(model, ids, embeds, inputs.positions, inputs.delta, keep, is_pad, deepstack)
+    return MediaPrompt(model, ids, embeds, inputs.positions, inputs.delta, keep, is_pad, deepstack)
 
 
 def hf_stream_greedy(model_dir: Path, clips: tuple[Path, ...], q: float | None = None, threshold: float | None = None,
@@ -342,7 +383,7 @@ def hf_session_greedy(
     return HFReference(tokens, embeds.shape[0], logprobs)
 
 
-def hf_prompt_logprobs(prompt: VideoPrompt) -> tuple[torch.Tensor, torch.Tensor]:
+def hf_prompt_logprobs(prompt: MediaPrompt) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept prompt's token ids [N] and the log-softmax of every row's next-token logits [N, vocab]: row i
     scores token i + 1, at the kept rows' reference positions."""
     model, keep = prompt.model, prompt.keep
