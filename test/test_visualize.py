@@ -69,3 +69,39 @@ def test_a_stream_picture_shows_what_the_stream_keeps(tiny_model_dir, tmp_path, 
     shown = torch.tensor([picture.getpixel(visualize.cell_origin(kept, g, r, c, min(4, t))) == visualize.KEPT_FRAME
                           for g in range(t) for r in range(h) for c in range(w)])  # fmt: skip
     assert torch.equal(shown, kept.mask)
+
+
+@pytest.mark.parametrize("method", ["divprune", "dart"])
+def test_an_images_picture_shows_exactly_the_cells_the_papers_rule_keeps(tiny_model_dir, tmp_path, monkeypatch,
+                                                                         method):  # fmt: skip
+    """An image: one tile; its kept cells are the plain reference's choice on the rows the tower gave."""
+    from sglang_evs.methods.images import ImagePruningMethod
+    from sglang_evs.testing.dart_oracle import dart_kept
+    from sglang_evs.testing.divprune_oracle import divprune_kept
+
+    image = media.write_image(tmp_path / "image.png", 256, 320, seed=6)
+    out = visualize.main([str(image), "--model-path", str(tiny_model_dir), "--rate", "0.5", "--method", method,
+                          "-o", str(tmp_path / "kept.png")])  # fmt: skip
+    scored, original = {}, visualize.IMAGE_METHODS[method].keep_mask
+
+    def recording(rows, keep):
+        scored.update(rows=rows, keep=keep)
+        return original(rows, keep)
+
+    monkeypatch.setitem(visualize.IMAGE_METHODS, method, ImagePruningMethod(method, recording))
+    kept = visualize.kept_image_tokens(tiny_model_dir, image, 0.5, method)
+    _, gh, gw = kept.grid
+    h, w = gh // kept.merge, gw // kept.merge
+    assert (h * w, scored["keep"], int(kept.mask.sum())) == (80, 40, 40)
+    oracle = {"divprune": divprune_kept, "dart": dart_kept}[method](scored["rows"].tolist(), 40)
+    assert kept.mask.nonzero().flatten().tolist() == sorted(oracle)
+    picture = Image.open(out).convert("RGB")
+    shown = [picture.getpixel(visualize.cell_origin(kept, 0, r, c, 1)) == visualize.KEPT_FRAME
+             for r in range(h) for c in range(w)]  # fmt: skip
+    assert torch.tensor(shown).equal(kept.mask)
+
+
+def test_a_video_method_for_an_image_is_refused_by_name(tiny_model_dir, tmp_path):
+    image = media.write_image(tmp_path / "image.png", seed=1)
+    with pytest.raises(SystemExit):
+        visualize.main([str(image), "--model-path", str(tiny_model_dir), "--method", "evs"])

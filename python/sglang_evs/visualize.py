@@ -1,6 +1,7 @@
-"""See what pruning kept: the clip's sampled frames with the pruned tokens' patches dimmed.
+"""See what pruning kept: the clip's sampled frames (or the image) with the pruned tokens' patches dimmed.
 
     python -m sglang_evs.visualize CLIP --model-path PATH [--rate 0.75] [--method evs|vidcom2] -o kept.png
+    python -m sglang_evs.visualize IMAGE.png --model-path PATH [--rate 0.5] [--method divprune|dart] -o kept.png
     python -m sglang_evs.visualize SEG1 SEG2 ... --stream --model-path PATH [--rate 0.75 | --threshold 0.1] -o kept.png
 
 The frames are sampled as SGLang's processor of the checkpoint's family samples them (Qwen-VL's, or GLM's
@@ -11,7 +12,8 @@ deepstack levels). One tile per temporal group (its first frame, at the size the
 one cell per merged token: kept cells framed in green, pruned cells dimmed, and the group's kept
 count above it. With `--stream`, the clips are one stream's segments, pruned as a `video_stream` request prunes
 them (`methods.stream`: each segment after the first scored against the stream's group before it), their groups
-drawn one after the other.
+drawn one after the other. An image (a `.png`, `.jpg`, `.jpeg`, `.webp` or `.bmp` file) is one tile, resized and
+encoded as the checkpoint's image processor does, and pruned by the image method (`methods.images`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import torch
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.methods import EVS, METHODS, continued_mask, continued_threshold_mask, threshold_limited_mask
+from sglang_evs.methods.images import DEFAULT_IMAGE_METHOD, IMAGE_METHODS, image_kept_count
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 KEPT_FRAME = (0, 255, 0)  # the first pixel of every kept cell; pruned cells are dimmed below 64
 DIM = 0.25
 LABEL_HEIGHT = 14
@@ -64,6 +68,30 @@ def kept_tokens(model_path: str | Path, clip: str | Path, rate: float, method: s
     return KeptTokens(
         resized, mask, (t, gh, gw), vision.patch_size * vision.spatial_merge_size, vision.spatial_merge_size
     )
+
+
+def kept_image_tokens(model_path: str | Path, image: str | Path, rate: float, method: str = "divprune") -> KeptTokens:
+    """Encode ``image`` with the checkpoint's vision tower and compute the image ``method``'s keep-mask at ``rate``
+    (one tile: the image as the tower saw it)."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_path)
+    model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()
+    picture = Image.open(image).convert("RGB")
+    inputs = processor.image_processor(images=[picture], return_tensors="pt")
+    grid, vision = inputs["image_grid_thw"], model.config.vision_config
+    with torch.no_grad():
+        features = model.model.get_image_features(inputs["pixel_values"], grid)
+    main = torch.cat(list(getattr(features, "pooler_output", features)))
+    levels = [torch.cat(list(level)) for level in getattr(features, "deepstack_features", None) or []]
+    rows = torch.cat([main, *levels], dim=1)
+    mask = IMAGE_METHODS[method].keep_mask(rows, image_kept_count(rows.shape[0], rate))
+    _, gh, gw = (int(v) for v in grid[0])
+    seen = picture.resize((gw * vision.patch_size, gh * vision.patch_size), Image.BILINEAR)
+    frame = torch.as_tensor(bytearray(seen.tobytes()), dtype=torch.uint8).view(seen.height, seen.width, 3)
+    cell = vision.patch_size * vision.spatial_merge_size
+    return KeptTokens(frame.permute(2, 0, 1)[None], mask, (1, gh, gw), cell, vision.spatial_merge_size)
 
 
 def kept_over_stream(
@@ -157,16 +185,27 @@ def draw(kept: KeptTokens, columns: int = 4):
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("clips", type=Path, nargs="+", help="a clip, or with --stream one stream's segments in order")
+    parser.add_argument("clips", type=Path, nargs="+",
+                        help="a clip or an image, or with --stream one stream's segments in order")  # fmt: skip
     parser.add_argument("--model-path", required=True, help="a checkpoint the plugin prunes (tiny or real)")
     parser.add_argument("--rate", type=float, default=0.75, help="pruning rate q (VidCom2: 1 - retention ratio)")
-    parser.add_argument("--method", choices=sorted(METHODS), default="evs")
+    parser.add_argument("--method", choices=sorted({*METHODS, *IMAGE_METHODS}), default=None,
+                        help=f"default evs for a clip, {DEFAULT_IMAGE_METHOD.name} for an image")  # fmt: skip
     parser.add_argument("--stream", action="store_true", help="the clips are one stream's segments (EVS)")
     parser.add_argument("--threshold", type=float, default=None, help="with --stream: a threshold in place of --rate")
     parser.add_argument("--columns", type=int, default=4, help="tiles per row of the picture")
     parser.add_argument("-o", "--output", type=Path, default=Path("kept.png"))
     args = parser.parse_args(argv)
-    if args.stream:
+    image = len(args.clips) == 1 and args.clips[0].suffix.lower() in IMAGE_SUFFIXES
+    methods = IMAGE_METHODS if image else METHODS
+    args.method = args.method or (DEFAULT_IMAGE_METHOD.name if image else EVS.name)
+    if args.method not in methods:
+        parser.error(
+            f"--method {args.method} prunes {'videos' if image else 'images'}: choose one of {sorted(methods)}"
+        )
+    if image:
+        kept, setting = kept_image_tokens(args.model_path, args.clips[0], args.rate, args.method), f"q={args.rate}"
+    elif args.stream:
         kept = kept_over_stream(args.model_path, args.clips, args.rate, args.threshold)
         setting = f"a stream of {len(args.clips)} segments, " + (
             f"threshold {args.threshold}" if args.threshold is not None else f"q={args.rate}"
@@ -177,7 +216,8 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error("several clips are one stream's segments: add --stream")
     draw(kept, args.columns).save(args.output)
     total = kept.mask.numel()
-    print(f"{args.method} at {setting}: kept {int(kept.mask.sum())} of {total} video tokens -> {args.output}")
+    kind = "image" if image else "video"
+    print(f"{args.method} at {setting}: kept {int(kept.mask.sum())} of {total} {kind} tokens -> {args.output}")
     return args.output
 
 

@@ -62,8 +62,8 @@ def test_paired_ratio():
 
 def test_paired_ideal_takes_e_from_q0_pairs_and_medians():
     samples = {
-        0.0: [{"video_ms": v, "prefill_ms": p, "tokens": 900} for v, p in ((7000, 5500), (6000, 5000), (9000, 5200))],
-        0.75: [{"video_ms": v, "prefill_ms": p, "tokens": 300} for v, p in ((3000, 1900), (3300, 2000), (2900, 2100))],
+        0.0: [{"media_ms": v, "prefill_ms": p, "tokens": 900} for v, p in ((7000, 5500), (6000, 5000), (9000, 5200))],
+        0.75: [{"media_ms": v, "prefill_ms": p, "tokens": 300} for v, p in ((3000, 1900), (3300, 2000), (2900, 2100))],
     }
     result = ratios.paired_ideal(samples, 0.75)
     assert result["encoder_ms"] == 1500  # median of 1500, 1000, 3800: an outlier pair does not move it

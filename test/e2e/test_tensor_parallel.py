@@ -33,6 +33,7 @@ pytestmark = pytest.mark.slow
 
 RATES = (0.0, 0.75)
 THRESHOLDS = {"moving": 0.3, "static": 0.05}  # a moving object, and a clip that keeps group 0 only
+IMAGE_PRUNINGS = (("divprune", 0.75), ("dart", 0.5))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,9 @@ def scale_media(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp_media")
     kinds = ("moving", "noise", "static")
     clips = {kind: media.write_clip(out / f"{kind}.mp4", kind, num_frames=24, fps=4, seed=7) for kind in kinds}
-    return {"image": media.write_image(out / "image.png", seed=2), **clips}
+    images = {"image": media.write_image(out / "image.png", seed=2), "large image": media.write_image(
+        out / "large.png", 256, 256, seed=3)}  # fmt: skip
+    return {**images, **clips}
 
 
 def requests_to_compare(scale_media) -> dict[str, dict]:
@@ -54,6 +57,12 @@ def requests_to_compare(scale_media) -> dict[str, dict]:
                 **media_kwargs(videos=[scale_media[kind]]),
                 **rate,
             }
+    for method, q in IMAGE_PRUNINGS:  # a 64-token image pruned (by rank 0's mask, broadcast)
+        cases[f"large image {method} q={q}"] = {
+            "prompt": chat_prompt(IMAGE),
+            **media_kwargs(images=[scale_media["large image"]]),
+            "mm_processor_kwargs": {"image_pruning_method": method, "image_pruning_rate": q},
+        }
     for kind, threshold in THRESHOLDS.items():  # decided as each rank's scheduler admits the request
         cases[f"{kind} video t={threshold}"] = {
             "prompt": chat_prompt(VIDEO),
@@ -178,6 +187,21 @@ def test_both_tp_ranks_prune_with_rank_0s_mask(served):
         assert sorted(differed[item].values()) == [False, True]  # rank 1's own mask lost to rank 0's
     assert len(by_item) == 3 + len(THRESHOLDS)  # the three clips at q = .75, the two thresholds at admission
     assert len(admitted) == len(THRESHOLDS)
+
+
+def test_both_tp_ranks_prune_images_with_rank_0s_mask(served):
+    """As for videos: rank 1 inverted its own image masks; both ranks kept rank 0's, 16 and 32 of the 64 tokens."""
+    by_item, differed = defaultdict(dict), defaultdict(dict)
+    for event in trace.read(served["trace"], "image_keep_mask"):
+        by_item[event["item"]][event["pid"]] = event["kept"]
+        differed[event["item"]][event["pid"]] = event["own_differed"]
+    assert len(by_item) == len(IMAGE_PRUNINGS)
+    for item, masks in by_item.items():
+        first, second = masks.values()
+        assert first == second and len(first) in (16, 32)
+        assert sorted(differed[item].values()) == [False, True]
+    tp1 = served["results"][1]  # the processor scales both images to 64 tokens
+    assert tp1["large image divprune q=0.75"].prompt_tokens == tp1["image q=0.0"].prompt_tokens - 64 + 16
 
 
 def test_each_rank_got_its_own_core_and_gloo_reduces(served):

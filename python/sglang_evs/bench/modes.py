@@ -153,10 +153,10 @@ def paired(
                 timed = timed_video_request(server.base_url, line, q)
                 stages = stage_times(trace_path, since)
                 text = prefill_ms(server.base_url, timed.prompt_tokens, reps=1, seed=2 * i + j)
-                samples[q].append({"video_ms": timed.latency_ms, "ttft_ms": timed.ttft_ms, "prefill_ms": text,
+                samples[q].append({"media_ms": timed.latency_ms, "ttft_ms": timed.ttft_ms, "prefill_ms": text,
                                    "tokens": timed.prompt_tokens, "stages": stages})  # fmt: skip
     result = {"mode": "paired", "samples": {str(q): v for q, v in samples.items()}, **paired_ideal(samples, rate)}
-    for key, name in (("video_ms", "latency_ratio"), ("ttft_ms", "ttft_ratio")):
+    for key, name in (("media_ms", "latency_ratio"), ("ttft_ms", "ttft_ratio")):
         per_pair = [b[key] / a[key] for a, b in zip(samples[0.0], samples[rate], strict=True)]
         result[name] = geometric_interval(per_pair)
     result["stage_medians"] = {

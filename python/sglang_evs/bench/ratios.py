@@ -78,18 +78,18 @@ def paired_ratio(pairs: Sequence[tuple[float, float]]) -> dict:
 
 
 def paired_ideal(samples: dict[float, list[dict]], rate: float) -> dict:
-    """Interleaved samples ``{0.0: [...], rate: [...]}``, each ``{"video_ms", "prefill_ms", "tokens"}`` (the
-    latency of one video request and of a text-only request of its prompt length, back to back) ->
-    medians, ``E = median(video_ms - prefill_ms)`` over the q=0 samples, ``ideal = E + median prefill_ms``
+    """Interleaved samples ``{0.0: [...], rate: [...]}``, each ``{"media_ms", "prefill_ms", "tokens"}`` (the
+    latency of one video or image request and of a text-only request of its prompt length, back to back) ->
+    medians, ``E = median(media_ms - prefill_ms)`` over the q=0 samples, ``ideal = E + median prefill_ms``
     at ``rate``, ``measured_over_ideal`` and ``ttft_vs_q0`` (both from medians).
     """
-    med = {q: {k: statistics.median(s[k] for s in samples[q]) for k in ("video_ms", "prefill_ms", "tokens")}
+    med = {q: {k: statistics.median(s[k] for s in samples[q]) for k in ("media_ms", "prefill_ms", "tokens")}
            for q in (0.0, rate)}  # fmt: skip
-    enc = statistics.median(s["video_ms"] - s["prefill_ms"] for s in samples[0.0])
+    enc = statistics.median(s["media_ms"] - s["prefill_ms"] for s in samples[0.0])
     ideal = enc + med[rate]["prefill_ms"]
     return {"rate": rate, "medians": {str(q): m for q, m in med.items()}, "encoder_ms": enc, "ideal_ms": ideal,
-            "measured_over_ideal": med[rate]["video_ms"] / ideal,
-            "ttft_vs_q0": med[rate]["video_ms"] / med[0.0]["video_ms"]}  # fmt: skip
+            "measured_over_ideal": med[rate]["media_ms"] / ideal,
+            "ttft_vs_q0": med[rate]["media_ms"] / med[0.0]["media_ms"]}  # fmt: skip
 
 
 def geometric_interval(ratios: list[float]) -> dict:

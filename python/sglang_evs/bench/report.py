@@ -120,8 +120,8 @@ def report(result: dict) -> str:
                          + interval_text(result["throughput_ratio"]))  # fmt: skip
     elif result["mode"] == "paired":
         m0, mq = result["medians"]["0.0"], result["medians"][str(result["rate"])]
-        lines.append(f"medians: q=0 video {m0['video_ms']:.0f} ms / P({m0['tokens']:.0f}) {m0['prefill_ms']:.0f} ms; "
-                     f"q={result['rate']} video {mq['video_ms']:.0f} ms / P({mq['tokens']:.0f}) "
+        lines.append(f"medians: q=0 video {m0['media_ms']:.0f} ms / P({m0['tokens']:.0f}) {m0['prefill_ms']:.0f} ms; "
+                     f"q={result['rate']} video {mq['media_ms']:.0f} ms / P({mq['tokens']:.0f}) "
                      f"{mq['prefill_ms']:.0f} ms")  # fmt: skip
         lines.append(f"E {result['encoder_ms']:.0f} ms, ideal {result['ideal_ms']:.0f} ms, measured/ideal "
                      f"{result['measured_over_ideal']:.3f}, latency vs q=0 {result['ttft_vs_q0']:.3f} "

@@ -11,7 +11,8 @@ With no pruned image in a call, the getter is upstream's, bit for bit.
 
 Each image's keep-mask is decided once, by its first encode, and remembered by its key (the content hash folded
 with the method and rate): a later encode of the same image (the next prefill chunk, an embedding-cache miss, a
-radix repeat) keeps the same rows. Under tensor parallelism rank 0's masks are every rank's (`videos.agreed_masks`).
+radix repeat) keeps the same rows. Under tensor parallelism rank 0's masks are every rank's
+(`videos.agreed_and_traced`).
 """
 
 from collections import OrderedDict
@@ -20,13 +21,12 @@ from collections.abc import Callable
 import torch
 
 from sglang_evs import sglang_compat as sglang
-from sglang_evs import trace
 from sglang_evs.methods import grid_tokens
 from sglang_evs.methods.images import IMAGE_METHODS, image_kept_count
 from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import METHOD, RATE, image_grids, is_pruned
 from sglang_evs.pruning.settings import server_image_pruning
-from sglang_evs.pruning.videos import agreed_masks, write_region_positions
+from sglang_evs.pruning.videos import agreed_and_traced, write_region_positions
 from sglang_evs.served import VideoFamily
 
 
@@ -70,10 +70,9 @@ class PrunedImages:
         """Each pruned (item, rows)'s keep-mask: remembered, or decided now by its method (rank 0's at every
         rank) and remembered."""
         new = list({item.hash: (item, rows) for item, rows in pruned if item.hash not in self.masks}.values())
-        decided = agreed_masks([self._compute_keep_mask(item, rows) for item, rows in new], self.rank_group)
+        own = [self._compute_keep_mask(item, rows) for item, rows in new]
+        decided = agreed_and_traced([item for item, _ in new], own, self.rank_group, "image_keep_mask")
         for (item, _), mask in zip(new, decided, strict=True):
-            if trace.enabled():
-                trace.record("image_keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist())
             self.masks[item.hash] = mask.cpu()
             while len(self.masks) > self.MASKS_KEPT:
                 self.masks.popitem(last=False)

@@ -190,17 +190,7 @@ class PrunedVideos:
         return [self.masks[item.hash] for item, _ in pruned]
 
     def _agreed(self, items: list, masks: list[torch.Tensor], **traced) -> list[torch.Tensor]:
-        """Rank 0's keep-masks of `items` at every rank of the batch group (`agreed_masks`), each traced with
-        whether this rank's own differed. Tests only (`PERTURB_MASKS_ENV`): every rank but rank 0 inverts its
-        own first."""
-        if os.environ.get(PERTURB_MASKS_ENV) and self.rank_group is not None and self.rank_group.rank_in_group:
-            masks = [~mask for mask in masks]
-        agreed = agreed_masks(masks, self.rank_group)
-        if trace.enabled():
-            for item, own, mask in zip(items, masks, agreed, strict=True):
-                trace.record("keep_mask", item=item.hash, kept=mask.nonzero().flatten().tolist(),
-                             own_differed=not torch.equal(own, mask), **traced)  # fmt: skip
-        return agreed
+        return agreed_and_traced(items, masks, self.rank_group, "keep_mask", **traced)
 
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:
         """The item's method at its rate, under the budget and floor it carries (`methods.limited_mask`: exactly
@@ -326,6 +316,20 @@ def on_device(item, device: torch.device):
     moved = copy.copy(item)
     moved.feature = feature.to(device)
     return moved
+
+
+def agreed_and_traced(items: list, masks: list[torch.Tensor], group, event: str, **traced) -> list[torch.Tensor]:
+    """Rank 0's keep-masks of `items` at every rank of the batch group (`agreed_masks`), each traced as `event` with
+    whether this rank's own differed. Tests only (`PERTURB_MASKS_ENV`): every rank but rank 0 inverts its own
+    first."""
+    if os.environ.get(PERTURB_MASKS_ENV) and group is not None and group.rank_in_group:
+        masks = [~mask for mask in masks]
+    agreed = agreed_masks(masks, group)
+    if trace.enabled():
+        for item, own, mask in zip(items, masks, agreed, strict=True):
+            trace.record(event, item=item.hash, kept=mask.nonzero().flatten().tolist(),
+                         own_differed=not torch.equal(own, mask), **traced)  # fmt: skip
+    return agreed
 
 
 def agreed_masks(masks: list[torch.Tensor], group) -> list[torch.Tensor]:
