@@ -174,3 +174,16 @@ def test_a_bad_image_setting_gets_400_naming_it_and_serving_goes_on(image_server
     response = requests.post(f"{image_server.base_url}/generate", json=body, timeout=120)
     assert response.status_code == 400 and message in response.text
     assert image_request(image_server, [images["wide"]]).meta["image_tokens"] == IMAGE_TOKENS // 2
+
+
+def test_sglangs_mmmu_eval_at_the_servers_image_rate_reports_what_was_pruned(image_server, tmp_path):
+    """SGLang's MMMU eval on the fixture, served at the server's default image rate (0.5): every image pruned, the
+    kept counts read off the server's counters over the run."""
+    from sglang_evs.bench import mmmu, mmmu_fixture
+
+    questions = sum(mmmu_fixture.write_fixture(tmp_path / "mmmu").values())
+    result = mmmu.run_mmmu(tmp_path / "mmmu", image_server.base_url, max_tokens=2, num_threads=1)
+    assert len(result["replies"]) == questions
+    grew = result["pruned"]["divprune"]
+    assert grew["pruned_images"] >= questions  # every question has an image
+    assert 0 < grew["image_tokens_after_pruning"] <= grew["image_tokens_before_pruning"] // 2 + grew["pruned_images"]

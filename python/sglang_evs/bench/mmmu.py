@@ -9,7 +9,10 @@ parsing and per-subject/domain table. Nothing of SGLang is replaced: its ``load_
 split="validation")`` finds DIR because ``datasets`` resolves a local directory of that name before the hub, and the
 eval prepares its samples from a working directory where ``MMMU/MMMU`` is DIR (`local_mmmu`). The result also keeps
 each question's reply (from the eval's own conversations), so that two servers (say, the plugin at q=0 and upstream
-SGLang) can be compared answer by answer, not only by score.
+SGLang) can be compared answer by answer, not only by score, and what pruning did over the run: how much the
+server's image and video token counters grew (`pruned`, by method; empty where the server serves no /metrics or
+pruned nothing). A server prunes the eval's images at its own default (`--image-pruning-rate`): the eval's requests
+carry no setting.
 
 DIR is the hub layout, as ``hf download MMMU/MMMU --repo-type dataset --local-dir DIR`` writes it (and
 ``python -m sglang_evs.bench.mmmu_fixture DIR``): ``DIR/<Subject>/validation-*.parquet`` and the ``README.md`` that
@@ -58,8 +61,9 @@ def run_mmmu(
 ) -> dict:
     """SGLang's MMMU eval on local data.
 
-    Returns ``{"accuracy", "per_subject": {subj: {num, acc}}, "replies": {id: text}, "metrics"}``;
-    ``metrics`` is SGLang's dict (subjects, ``Overall-<domain>``, ``Overall``, ``score``, ``latency``).
+    Returns ``{"accuracy", "per_subject": {subj: {num, acc}}, "replies": {id: text}, "metrics", "pruned"}``;
+    ``metrics`` is SGLang's dict (subjects, ``Overall-<domain>``, ``Overall``, ``score``, ``latency``); ``pruned``
+    ``{method: {counter: increase}}`` over the run (`pruning_counters`).
     """
     from sglang.test import simple_eval_mmmu_vlm as mmmu_eval
     from sglang.test.run_eval import run_eval_once
@@ -73,14 +77,39 @@ def run_mmmu(
     with local_mmmu(data_dir):  # the eval reads its samples as it is made
         evaluation = mmmu_eval.MMMUVLMEval(limit, num_threads)
     os.environ.setdefault("OPENAI_API_KEY", "EMPTY")  # as run_eval sets it: SGLang's server takes any key
+    counters_before = pruning_counters(base_url)
     result, latency, _ = run_eval_once(args, f"{base_url}/v1", evaluation)
+    pruned = counters_grew(counters_before, pruning_counters(base_url))
     replies = {
         sample["id"]: convo[-1]["content"] for sample, convo in zip(evaluation.samples, result.convos, strict=True)
     }
     metrics = result.metrics | {"score": result.score, "latency": latency}
     subjects = {s for subs in mmmu_eval.MMMUVLMEval.DOMAIN_CAT2SUB_CAT.values() for s in subs}
     per_subject = {k: v for k, v in metrics.items() if k in subjects}
-    return {"accuracy": metrics["score"], "per_subject": per_subject, "replies": replies, "metrics": metrics}
+    return {"accuracy": metrics["score"], "per_subject": per_subject, "replies": replies, "metrics": metrics,
+            "pruned": pruned}  # fmt: skip
+
+
+def pruning_counters(base_url: str) -> dict[tuple[str, str], float]:
+    """The server's pruning counters ((name, method) -> value, `testing.requests.pruning_metrics`); {} where it
+    serves no /metrics (started without --enable-metrics)."""
+    import requests
+
+    from sglang_evs.testing.requests import pruning_metrics
+
+    try:
+        return pruning_metrics(base_url)
+    except (requests.RequestException, ValueError):
+        return {}
+
+
+def counters_grew(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[str, dict]:
+    """{method: {counter: increase}} of the counters that grew."""
+    grew: dict[str, dict] = {}
+    for (name, method), value in after.items():
+        if value > before.get((name, method), 0.0):
+            grew.setdefault(method, {})[name] = value - before.get((name, method), 0.0)
+    return grew
 
 
 def main() -> None:
@@ -97,6 +126,8 @@ def main() -> None:
     for subject, row in sorted(result["per_subject"].items()):
         print(f"{subject:<40} n={row['num']:<5} acc={row['acc']:.3f}")
     print(f"MMMU accuracy: {result['accuracy']:.4f}")
+    for method, grew in result["pruned"].items():
+        print(f"pruned by {method}: " + ", ".join(f"{name} +{value:.0f}" for name, value in sorted(grew.items())))
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=1, default=str))
