@@ -18,7 +18,9 @@
 #                 what is left, at least MEMORY_S (default 75 s) kept for it
 #      and, in no default: `import` (SGLang's server modules alone), `methods` (scripts/gpu_methods_check.sh: the
 #      methods' GPU tests, which the graph step runs too, and the keep-mask benchmark), `stream` (the live-stream
-#      benchmark, benchmark/bench_stream.py --gpu); `bench` with BENCH_PART=1 or 2 runs that full part instead
+#      benchmark, benchmark/bench_stream.py --gpu), `images` (images pruned: benchmark/bench_images.py's
+#      bench_serving image runs at q = 0, .5, .75 and the paired ideal at .75, 1024 x 1024 images, the 2B-shaped
+#      balanced model in bfloat16); `bench` with BENCH_PART=1 or 2 runs that full part instead
 #      of the compact run, with everything left (a call of its own);
 #   3. writes $OUT/report.md (pass/fail, seconds and figures of each step), $OUT/serve-check.json, the
 #      benchmarks' files (the TTFT benchmark's samples, gpu-ttft-compact.jsonl or gpu-ttft-part$BENCH_PART.jsonl,
@@ -31,6 +33,7 @@
 #   STEPS="install facts route" bash scripts/gpu_run.sh     only these steps (the CPU rehearsal's plumbing check)
 #   STEPS="install bench" BENCH_PART=1 bash scripts/gpu_run.sh    one full part of the TTFT benchmark (then part 2)
 #   STEPS="install stream" bash scripts/gpu_run.sh           the live-stream benchmark (benchmark/bench_stream.py --gpu)
+#   STEPS="install images" bash scripts/gpu_run.sh           images pruned (benchmark/bench_images.py on the GPU)
 set -uo pipefail
 script_start=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -198,6 +201,18 @@ if wanted memory; then
   figures="$(grep -hE "answered at once|held at peak|KV pool|device memory in use" "$work/logs/memory.txt" | tr '\n|' '  ')"
   record memory "$step_result" "$step_seconds" "${figures:0:700}"
   cp "$work/memory/server.log" "$work/logs/memory-server.log" 2>/dev/null
+fi
+
+if wanted images; then
+  # Images pruned: bench_serving's image dataset per rate and the paired ideal (benchmark/bench_images.py), on the
+  # balanced (Qwen3-VL-2B-shaped) random model in bfloat16; everything left. IMAGES_ARGS: more of its flags.
+  left=$(( deadline - $(date +%s) ))
+  run_step images "$left" python benchmark/bench_images.py --profile balanced --resolution 1024x1024 \
+    --num-prompts 16 --pairs 8 --server-args "--device cuda --dtype bfloat16" --out "$work/images" \
+    --output "$out/gpu-images.json" ${IMAGES_ARGS:-}
+  figures="$(grep -hE "^ +[0-9.]+ +[0-9]+ |paired q=" "$work/logs/images.txt" | tr '\n|' '  ')"
+  record images "$step_result" "$step_seconds" "${figures:0:700}"
+  cp "$work/images/server.log" "$work/logs/images-server.log" 2>/dev/null
 fi
 
 if wanted stream; then

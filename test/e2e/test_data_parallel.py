@@ -1,6 +1,6 @@
 """`--dp-size 2` (SGLang's DP controller, one scheduler per replica) with EVS: 64 concurrent mixed
-requests (videos at a rate, and at a threshold each replica's scheduler decides) get a single server's tokens
-and counts, and the Prometheus totals add up."""
+requests (videos at a rate, and at a threshold each replica's scheduler decides; images pruned by DivPrune) get a
+single server's tokens and counts, and the Prometheus totals add up."""
 
 import pytest
 
@@ -13,12 +13,14 @@ pytestmark = pytest.mark.slow
 
 REQUESTS = 64
 VIDEO_SETTINGS = (0.75, {"video_pruning_threshold": 0.3})
+IMAGE_RATE = 0.5
 SERVER_ARGS = ["--dtype", "float32", "--enable-metrics"]
 
 
 @pytest.fixture(scope="module")
 def request_set(tmp_path_factory):
-    return workload.mixed_requests(workload.write_media(tmp_path_factory.mktemp("dp_media")), REQUESTS, VIDEO_SETTINGS)
+    files = workload.write_media(tmp_path_factory.mktemp("dp_media"))
+    return workload.mixed_requests(files, REQUESTS, VIDEO_SETTINGS, image_rate=IMAGE_RATE)
 
 
 def send(server, request_set) -> dict:
@@ -54,11 +56,15 @@ def test_every_request_succeeds_with_the_single_servers_tokens(single, replicate
 def test_pruning_counts_per_request_and_in_prometheus_add_up(single, replicated, request_set):
     for request, one, two in zip(request_set, single["results"], replicated["results"], strict=True):
         fields = ("video_pruning_rate", "video_pruning_threshold", "video_tokens_before_pruning",
-                  "video_tokens_after_pruning", "video_tokens")  # fmt: skip
+                  "video_tokens_after_pruning", "video_tokens", "image_tokens_before_pruning",
+                  "image_tokens_after_pruning", "image_tokens")  # fmt: skip
         assert {f: two.meta.get(f) for f in fields} == {f: one.meta.get(f) for f in fields}, request.name
     totals = workload.pruning_totals(replicated["results"])
     assert totals["pruned_videos"] == REQUESTS // 2  # half the set are videos, all pruned
     assert replicated["metrics"] == totals == workload.pruning_totals(single["results"])
+    images = [out.meta for request, out in zip(request_set, replicated["results"], strict=True) if request.images]
+    assert images and all(meta["image_tokens_after_pruning"] * 2 == meta["image_tokens_before_pruning"]
+                          for meta in images)  # fmt: skip
 
 
 def test_both_replicas_pruned_and_the_plugin_loaded_in_each(replicated):

@@ -1,8 +1,8 @@
 """`--pp-size 2` with the plugin: q = 0 bit-identical to upstream SGLang at `--pp-size 2`, pruning equal to
 `--pp-size 1`.
 
-Only the first pipeline stage embeds the prompt and runs `post_process`, where pruned videos get their
-exact M-RoPE positions; the later stage reads the positions the first one sends with its hidden states.
+Only the first pipeline stage embeds the prompt and runs `post_process`, where pruned videos and images get
+their exact M-RoPE positions; the later stage reads the positions the first one sends with its hidden states.
 A six-layer Qwen3-VL (both deepstack levels on the first stage, as upstream requires), 64-token chunks
 that cut every video, float32. Three servers: upstream at pp = 2, the plugin at pp = 2 and at pp = 1.
 
@@ -34,7 +34,11 @@ ARGS = ["--dtype", "float32", "--chunked-prefill-size", "64"]
 # Decode graphs for the batch sizes this module sends (1 to 3, none padded): a pipeline stage captures each size
 # in about 3.5 s on CPU, and SGLang's default list has 24 of them.
 PP_GRAPHS = ["--cuda-graph-bs-decode", "1", "2", "3"]
-PRUNINGS = {"evs q=0.75": per_request_rate(0.75), "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2")}
+PRUNINGS = {
+    "evs q=0.75": per_request_rate(0.75),
+    "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2"),
+    "images divprune q=0.75": {"mm_processor_kwargs": {"image_pruning_rate": 0.75, "video_pruning_rate": 0.75}},
+}
 
 
 def cases(media) -> dict[str, tuple[str, dict]]:
@@ -108,7 +112,8 @@ def test_pruned_pp2_equals_pp1(served, setting):
     for two, one in zip(pp2["batch"], pp1["batch"], strict=True):
         assert_close(two, one)
     assert pp2["video"].prompt_tokens < unpruned["video"].prompt_tokens  # pruning ran
-    assert pp2["image"].prompt_tokens == unpruned["image"].prompt_tokens  # images never pruned
+    images_pruned = "image_pruning_rate" in PRUNINGS[setting]["mm_processor_kwargs"]
+    assert (pp2["image"].prompt_tokens < unpruned["image"].prompt_tokens) == images_pruned  # the video rate alone not
 
 
 def test_deepstack_on_a_later_stage_is_refused_at_startup(tiny_qwen3_5_deepstack_dirs):

@@ -7,6 +7,7 @@ forwards a chat request's `chat_template_kwargs`, where the plugin also reads a 
 (README, docs/scaling.md).
 """
 
+import dataclasses
 from contextlib import ExitStack
 
 import pytest
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.slow
 REQUESTS = 64
 SERVER_RATE = 0.5
 REQUEST_RATES = (0.25, 0.75)
+IMAGE_RATE = 0.75
 WORKER_ARGS = [*worker_args(SERVER_RATE), "--enable-streaming-session"]  # sessions: the last test
 
 
@@ -43,7 +45,8 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def request_set(files):
-    return workload.mixed_requests(files, REQUESTS, video_rates=REQUEST_RATES)  # text, image, video at two rates
+    # text, an image pruned at 0.75, a video at two rates
+    return workload.mixed_requests(files, REQUESTS, video_rates=REQUEST_RATES, image_rate=IMAGE_RATE)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +92,10 @@ def test_64_mixed_chat_requests_at_two_rates_through_the_router_match_one_worker
     }
     for clip in {videos for videos, _ in prompt_tokens}:
         assert prompt_tokens[clip, 0.75] < prompt_tokens[clip, 0.25]
+    # and the images' rate too (the workers prune no image by default): 16 of a 64-token image kept
+    image, through = next((r, out) for r, out in zip(request_set, routed, strict=True) if r.images)
+    unpruned = workload.send_chat(workers[0].base_url, dataclasses.replace(image, rate=None), 8)
+    assert unpruned.prompt_tokens - through.prompt_tokens == 64 - 16
 
 
 def test_the_same_video_twice_is_served_from_one_workers_radix_cache(cluster, tmp_path):

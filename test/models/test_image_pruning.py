@@ -3,7 +3,8 @@ images beside videos, and bad settings.
 
 One server in graph mode, 64-token prefill chunks (an 80-token image is cut by a chunk boundary) and no embedding
 cache (every chunk over an image encodes it again and must keep the rows its first encode kept); its default
-image rate is 0.5, requests set their own in `mm_processor_kwargs`.
+image rate is 0.5, requests set their own in `mm_processor_kwargs`. The HF oracle also runs on an eager twin with
+SGLang's embedding cache on.
 """
 
 import json
@@ -53,13 +54,27 @@ def image_trace(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("image_server") / "trace.jsonl"
 
 
+def image_server_args() -> list[str]:
+    args = ["--dtype", "float32", "--enable-metrics", "--chunked-prefill-size", str(CHUNK)]
+    return [*args, "--json-model-override-args", json.dumps({"image_pruning_rate": SERVER_RATE})]
+
+
 @pytest.fixture(scope="module")
 def image_server(tiny_model_dir, image_trace):
-    args = ["--dtype", "float32", "--enable-metrics", "--chunked-prefill-size", str(CHUNK)]
-    args += ["--json-model-override-args", json.dumps({"image_pruning_rate": SERVER_RATE})]
     env = {"SGLANG_EVS_TRACE": str(image_trace), "SGLANG_VLM_CACHE_SIZE_MB": "0"}
-    with running_server(tiny_model_dir, image_trace.parent / "server.log", args, env, graph_mode=True) as server:
+    log = image_trace.parent / "server.log"
+    with running_server(tiny_model_dir, log, image_server_args(), env, graph_mode=True) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def cached_image_server(tiny_model_dir, tmp_path_factory):
+    """The same server, eager, with SGLang's embedding cache (its default size): a later chunk over an image reads
+    the kept rows its first chunk cached."""
+    trace_path = tmp_path_factory.mktemp("cached_image_server") / "trace.jsonl"
+    with running_server(tiny_model_dir, trace_path.parent / "server.log", image_server_args(),
+                        {"SGLANG_EVS_TRACE": str(trace_path)}) as server:  # fmt: skip
+        yield server, trace_path
 
 
 def image_request(server, paths: list[Path], settings: dict | None = None, **extra):
@@ -111,15 +126,19 @@ def served_image_masks(trace_path: Path, count: int) -> list[list[int]]:
     return [event["kept"] for event in trace.read(trace_path, "image_keep_mask")[-count:]]
 
 
-@pytest.mark.parametrize("method", ["divprune", "dart"])
+@pytest.mark.parametrize(
+    "method, cache", [("divprune", False), ("dart", False), ("divprune", True)], ids=["divprune", "dart", "cached"]
+)
 def test_served_in_chunks_and_after_a_radix_hit_equals_hf_with_the_papers_mask(
-    image_server, image_trace, tmp_path, tiny_model_dir, method
+    request, image_server, image_trace, tmp_path, tiny_model_dir, method, cache
 ):
     """Two images (80 and 77 tokens) cut by 64-token chunks: the masks the server decided are the plain
     references' on transformers' own tower rows, and the served tokens and logprobs are transformers' given those
     rows at their unpruned positions; the same request again (a radix hit) is served the same. The images are
     unseen (a decided mask is remembered and not traced again)."""
-    seed = 20 + len(method)
+    if cache:
+        image_server, image_trace = request.getfixturevalue("cached_image_server")
+    seed = 20 + len(method) + 10 * cache
     paths = [media.write_image(tmp_path / "wide.png", 256, 320, seed),
              media.write_image(tmp_path / "tall.png", 320, 192, seed + 1)]  # fmt: skip
     q = 0.5  # a prompt of about 100 tokens: the first chunk ends inside the second image

@@ -88,6 +88,7 @@ SETTINGS = {  # name -> the request's pruning fields
     "q=0": {},
     **{f"evs q={q}": per_request_rate(q) for q in EVS_RATES},
     "vidcom2 q=0.75": per_request_rate(0.75, "vidcom2"),
+    "images and evs q=0.5": {"mm_processor_kwargs": {"image_pruning_rate": 0.5, "video_pruning_rate": 0.5}},
 }
 
 
@@ -227,6 +228,9 @@ def test_speculation_gives_the_tokens_of_no_speculation(served, setting):
     if setting != "q=0":  # pruning happened, as asked
         for key in compared:
             assert served.speculating[key].prompt_tokens < served.plain[key[0], "q=0"].prompt_tokens, key
+    if "image_pruning_rate" in SETTINGS[setting].get("mm_processor_kwargs", {}):
+        meta = served.speculating["image_video", setting].meta
+        assert meta["image_tokens_after_pruning"] < meta["image_tokens_before_pruning"]
 
 
 def test_at_q0_the_plugin_speculates_bit_identically_to_upstream(served):

@@ -90,10 +90,14 @@ def kinds(video_rates: Sequence[float | dict | None]) -> tuple[str, ...]:
 
 
 def mixed_requests(
-    files: dict[str, list[Path]], count: int, video_rates: Sequence[float | dict | None] = VIDEO_RATES
+    files: dict[str, list[Path]],
+    count: int,
+    video_rates: Sequence[float | dict | None] = VIDEO_RATES,
+    image_rate: float | None = None,
 ) -> list[MixedRequest]:
     """`count` requests cycling text, image, and a video per rate in `video_rates` (the request's own
-    rate or settings; None: the server's) over the media given."""
+    rate or settings; None: the server's) over the media given; the images at `image_rate` (their
+    `image_pruning_rate`; None: the server's)."""
     names = kinds(video_rates)
     out = []
     for i in range(count):
@@ -104,7 +108,8 @@ def mixed_requests(
             out.append(MixedRequest(name, kind, f"Say something about {turn}."))
         elif kind == "image":
             image = files["images"][turn % len(files["images"])]
-            out.append(MixedRequest(name, kind, "Describe this.", images=(image,)))
+            setting = None if image_rate is None else {"image_pruning_rate": image_rate}
+            out.append(MixedRequest(name, kind, "Describe this.", images=(image,), rate=setting))
         else:
             clip = files["videos"][turn % len(files["videos"])]
             rate = video_rates[names.index(kind) - 2]
