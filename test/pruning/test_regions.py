@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from sglang_evs.methods import EVS, VIDCOM2
@@ -152,10 +153,11 @@ def test_a_budget_and_a_floor_set_the_regions_length_and_are_part_of_the_cache_k
     assert hashes[1] == hashes[4] and len(set(hashes)) == 4
 
 
-def test_images_shrink_to_their_kept_count_each_keyed_by_method_and_rate_and_the_video_is_left_alone():
+def test_images_shrink_to_their_kept_count_keyed_by_method_and_rate_and_the_video_is_left_alone():
     """text(2) | two images of 4 and 6 tokens in one bundled item (m=1) | text(1) | a video | text(2), at q = .5:
-    each image its own item, its first 2 and 3 pads left, its unpruned ids and positions on it; the video's
-    tokens and the text keep their place and positions, the decode offset grows by the 5 deleted."""
+    the item stays one (a device handle is never split), its spans cut to each image's first 2 and 3 pads, its
+    images' unpruned pad positions on it; the video's tokens and the text keep their place and positions, the decode
+    offset grows by the 5 deleted."""
     from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
 
     from sglang_evs.methods.images import DART, DIVPRUNE
@@ -171,20 +173,32 @@ def test_images_shrink_to_their_kept_count_each_keyed_by_method_and_rate_and_the
         video = Item("video", [(14, 15)], torch.tensor([[1, 1, 2]]))
         out = Output(list(ids), [copy.deepcopy(bundle), video], positions.clone(), torch.tensor([[-7]]))
         stats = regions.prune_image_regions(out, ImagePruning(method, rate), spatial_merge_size=1, image_token_id=IMG)
-        keys_by_setting.append(tuple(scheduler_key(item) for item in out.mm_items[:2]))
+        keys_by_setting.append(scheduler_key(out.mm_items[0]))
         if rate == 0.25:
             continue
         assert [(s.before, s.after) for s in stats] == [(4, 2), (6, 3)]
-        first, second, kept_video = out.mm_items
+        images, kept_video = out.mm_items
         assert kept_video is video and video.offsets == [(9, 10)]
-        assert first.offsets == [(2, 3)] and second.offsets == [(4, 6)]
+        assert images.offsets == [(2, 3), (4, 6)]
         assert out.input_ids == [1, 2, IMG, IMG, IMG, IMG, IMG, 3, VS, VIDEO, VIDEO, VE, 4, 5]
         kept_columns = [0, 1, 2, 3, 6, 7, 8, *range(12, len(ids))]
         assert torch.equal(out.mrope_positions, positions[:, kept_columns])
         assert int(out.mrope_position_delta) == -7 + 5
-        assert torch.equal(second.model_specific_data[regions.REGION_POSITIONS], positions[:, 6:12])
-        assert second.model_specific_data[regions.IMAGE_TOKENS] == (6, 3)
-        assert (second.model_specific_data[regions.METHOD], second.model_specific_data[regions.RATE]) == (
+        assert torch.equal(images.model_specific_data[regions.REGION_POSITIONS], positions[:, 2:12])
+        assert (images.model_specific_data[regions.METHOD], images.model_specific_data[regions.RATE]) == (
             method.name, rate)  # fmt: skip
     same, again, dart, other_rate = keys_by_setting
-    assert same == again and len({same[0], dart[0], other_rate[0]}) == 3 and same[0] != same[1]
+    assert same == again and len({same, dart, other_rate}) == 3
+
+
+def test_an_image_that_is_not_one_run_of_its_pads_is_refused():
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
+
+    from sglang_evs.methods.images import DIVPRUNE
+    from sglang_evs.pruning.settings import ImagePruning
+
+    item = MultimodalDataItem(modality=Modality.IMAGE, offsets=[(1, 3)])
+    item.model_specific_data = {"image_grid_thw": torch.tensor([[1, 2, 2]])}  # 4 tokens, 3 pads
+    out = Output([1, IMG, IMG, IMG, 2], [item], torch.zeros(3, 5, dtype=torch.long), torch.tensor([[0]]))
+    with pytest.raises(ValueError, match=r"an image of grid \[1, 2, 2\] is not one run of 4 pads"):
+        regions.prune_image_regions(out, ImagePruning(DIVPRUNE, 0.5), 1, IMG)

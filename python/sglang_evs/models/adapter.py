@@ -56,7 +56,7 @@ class AdaptedModel:
             return
         encode = super().get_video_feature
         attach(self, config, self.language_model_cls, getattr(self, "num_deepstack_embeddings", 0), encode)
-        self.pruned_images = PrunedImages(config, self.video_family, super().get_image_feature)
+        self.pruned_images = PrunedImages(config, super().get_image_feature)
 
     @property
     def video_family(self) -> VideoFamily:

@@ -28,7 +28,7 @@ Scheduler process:
   videos.py           `PrunedVideos`: batched encoding, keep-mask (decided once per video), region fill, exact
                       positions per forward
   images.py           `PrunedImages`: an image's keep-mask (decided once per image), its kept rows, exact positions
-                      per forward (the rule of `videos.write_region_positions`)
+                      per forward (the rule videos follow)
   holds.py            each video encoded once per request: its rows held from its first chunk to its last,
                       under a bound, released with the request's media (finished, aborted)
   sessions.py         a pruned video or image in a later session turn: its region positions moved with the turn's;

@@ -1,8 +1,8 @@
 """What a pruned video or image item carries from the tokenizer process to the model, and region helpers.
 
 Neutral ground: the tokenizer side (`regions.py`) writes these fields, the model side
-(`videos.py`, `images.py`) reads them; neither imports the other. A pruned image carries METHOD, RATE,
-REGION_IDS, REGION_POSITIONS and IMAGE_TOKENS; the other fields are videos' alone.
+(`videos.py`, `images.py`) reads them; neither imports the other. A pruned image item carries METHOD, RATE and
+REGION_POSITIONS (its images' pad positions, unpruned, one image after the other); the other fields are videos'.
 """
 
 import hashlib
@@ -15,9 +15,8 @@ RATE = "evs_pruning_rate"  # q in [0, 1) (0 where a token budget alone prunes)
 TOKEN_BUDGET = "evs_token_budget"  # N > 0, set only where a budget was asked for
 MIN_TOKENS_PER_GROUP = "evs_min_tokens_per_group"  # k > 0, set only where a floor was asked for
 REGION_IDS = "evs_region_ids"  # [len(R)] int64, unpruned region token ids
-REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region
+REGION_POSITIONS = "evs_region_positions"  # [3, len(R)] int64, unpruned positions of the region (images: [3, pads])
 VIDEO_TOKENS = "evs_video_tokens"  # (before, after) pruning
-IMAGE_TOKENS = "evs_image_tokens"  # (before, after) pruning, of an image
 # {"threshold", "token_budget", "min_tokens_per_group"} of a video laid out unpruned for its threshold: the
 # scheduler decides its mask when it admits the request and lays the prompt out from it (`admission.py`).
 # A dict, which SGLang's per-item split of model_specific_data copies whole.
@@ -83,11 +82,6 @@ def video_grids(item) -> torch.Tensor:
 def image_grids(item) -> torch.Tensor:
     """[N, 3] (T, H, W) of each image an item holds (a Qwen-family item bundles a request's images)."""
     return item.image_grid_thw.reshape(-1, 3)
-
-
-def media_grids(item) -> torch.Tensor | None:
-    """[N, 3] grids of an image or video item's media; None for another modality."""
-    return video_grids(item) if item.is_video() else image_grids(item) if item.is_image() else None
 
 
 def video_grid(item) -> list[int]:

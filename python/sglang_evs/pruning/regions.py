@@ -20,7 +20,6 @@ positions and the decode offset computed here are already the final ones.
 """
 
 import copy
-from collections.abc import Callable
 
 import torch
 
@@ -29,7 +28,6 @@ from sglang_evs.methods import canonical_keep_mask, continued_count, grid_tokens
 from sglang_evs.methods.images import image_kept_count
 from sglang_evs.pruning.deletion import delete_tokens
 from sglang_evs.pruning.fields import (
-    IMAGE_TOKENS,
     METHOD,
     MIN_TOKENS_PER_GROUP,
     RATE,
@@ -41,10 +39,11 @@ from sglang_evs.pruning.fields import (
     VIDEO_TOKENS,
     VideoTokenCounts,
     continues_stream,
-    media_grids,
+    image_grids,
     region_keep,
     region_span,
     video_grid,
+    video_grids,
 )
 from sglang_evs.pruning.keys import is_device_handle, key_by_pruning
 from sglang_evs.pruning.settings import ImagePruning, Pruning
@@ -56,41 +55,34 @@ def stream_digest(item) -> str | None:
 
 
 def split_bundled_videos(items: list) -> list:
-    """One item per video (`split_bundled`; images stay as they are)."""
-    return split_bundled(items, lambda item: item.is_video())
-
-
-def split_bundled(items: list, of_kind: Callable[[object], bool]) -> list:
-    """One item per medium of the items `of_kind` accepts (videos or images). SGLang splits a video item per
-    video only when it carries one span per temporal group (Qwen3-VL); Qwen2-VL and Qwen2.5-VL videos have one
-    span each, and every Qwen family's images one span per image, so a request's videos or images stay bundled in
-    one item ([N, 3] grid). Each medium here gets its patches, its span and its rows of the per-medium data
-    (sliced as SGLang slices them), and a hash of its own."""
+    """One item per video. SGLang splits a video item per video only when it carries one span per
+    temporal group (Qwen3-VL); Qwen2-VL and Qwen2.5-VL videos have one span each, so the videos of
+    a request stay bundled in one item ([N, 3] grid). Each video here gets its patches, its span and
+    its rows of the per-video data (sliced as SGLang slices them), and a hash of its own."""
     out = []
     for item in items:
-        grids = media_grids(item) if of_kind(item) else None
+        grids = video_grids(item) if item.is_video() else None
         if grids is None or len(grids) == 1:
             out.append(item)
             continue
-        kind = "videos" if item.is_video() else "images"
         if is_device_handle(item.feature):
             raise ValueError(
-                f"cannot prune {len(grids)} {kind} of one request whose pixels the tokenizer holds as a device "
-                f"handle: serve with --mm-feature-transport cpu, or send one of them per request"
+                f"cannot prune {len(grids)} videos of one request whose pixels the tokenizer holds as a device "
+                "handle: serve with --mm-feature-transport cpu, or send one video per request"
             )
         if len(item.offsets) != len(grids) or not isinstance(item.feature, torch.Tensor):
-            raise ValueError(f"cannot split a bundle of {len(grids)} {kind} with {len(item.offsets)} spans")
+            raise ValueError(f"cannot split a bundle of {len(grids)} videos with {len(item.offsets)} spans")
         bounds = [0, *torch.cumsum(grids.prod(dim=-1), 0).tolist()]
         for index in range(len(grids)):
-            medium = copy.copy(item)
-            medium.feature = item.feature[bounds[index] : bounds[index + 1]]
-            medium.offsets = [item.offsets[index]]
-            medium.model_specific_data = sglang.slice_model_data(
+            video = copy.copy(item)
+            video.feature = item.feature[bounds[index] : bounds[index + 1]]
+            video.offsets = [item.offsets[index]]
+            video.model_specific_data = sglang.slice_model_data(
                 item.model_specific_data, index=index, start=bounds[index], end=bounds[index + 1],
                 num_items=len(grids), total_feature_len=bounds[-1],
             )  # fmt: skip
-            medium.hash = None
-            out.append(medium)
+            video.hash = None
+            out.append(video)
     return out
 
 
@@ -158,29 +150,34 @@ def mark_threshold_videos(output, pruning: Pruning, spatial_merge_size: int) -> 
 
 
 def prune_image_regions(output, pruning: ImagePruning, spatial_merge_size: int, image_token_id: int) -> list:
-    """Shorten every image of an SGLang `MultimodalProcessorOutput` to its pruned length, in place: each image one
-    item, its run of pads cut to `image_kept_count` (the first ones: the model places the rows its method keeps,
-    at their unpruned positions, `images.py`), its unpruned ids and positions on the item, its key folded with
-    the method and rate. Returns the list of VideoTokenCounts (image tokens before/after), one per image."""
-    output.mm_items = split_bundled(output.mm_items, lambda item: item.is_image())
+    """Shorten every image of an SGLang `MultimodalProcessorOutput` to its pruned length, in place: each image's run
+    of pads (one span, all pads) cut to `image_kept_count` (its first pads: the model places the rows its method
+    keeps, at their unpruned positions, `images.py`). SGLang's processor makes each image an item of its own; an item
+    that still holds several is pruned image by image and never split (a device feature transport's handle cannot
+    be). The item carries its images' unpruned pad positions, one after the other (`REGION_POSITIONS`, [3, pads]),
+    and its key folds the method and rate. Returns the VideoTokenCounts (tokens before/after) of each image.
+    """
     ids = torch.as_tensor(output.input_ids, dtype=torch.int64)
     keep = torch.ones(ids.numel(), dtype=torch.bool)
-    images = [item for item in output.mm_items if item.is_image()]
+    items = [item for item in output.mm_items if item.is_image()]
     stats = []
-    for item in images:
-        t, h, w = grid_tokens(media_grids(item)[0], spatial_merge_size)
-        start, end = region_span(item)
-        region_ids = ids[start:end].clone()
-        kept = image_kept_count(t * h * w, pruning.rate)
-        keep[start:end] = region_keep(region_ids, image_token_id, torch.arange(t * h * w) < kept)
+    for item in items:
+        grids, positions = image_grids(item), []
+        if len(grids) != len(item.offsets):
+            raise ValueError(f"cannot prune {len(grids)} images laid out in {len(item.offsets)} spans")
+        for grid, (start, end) in zip(grids, item.offsets, strict=True):
+            t, h, w = grid_tokens(grid, spatial_merge_size)
+            if end - start + 1 != t * h * w or not bool((ids[start : end + 1] == image_token_id).all()):
+                raise ValueError(f"an image of grid {grid.tolist()} is not one run of {t * h * w} pads")
+            kept = image_kept_count(t * h * w, pruning.rate)
+            keep[start : end + 1] = torch.arange(t * h * w) < kept
+            positions.append(output.mrope_positions[:, start : end + 1])
+            stats.append(VideoTokenCounts(t * h * w, kept))
         item.set(METHOD, pruning.method.name)
         item.set(RATE, pruning.rate)
-        item.set(REGION_IDS, region_ids)
-        item.set(REGION_POSITIONS, output.mrope_positions[:, start:end].clone())
-        item.set(IMAGE_TOKENS, (t * h * w, kept))
-        stats.append(VideoTokenCounts(t * h * w, kept))
+        item.set(REGION_POSITIONS, torch.cat(positions, dim=1).clone())
     delete_tokens(output, keep)
-    for item in images:
+    for item in items:
         key_by_pruning(item, pruning.method.name, pruning.rate)
     output.padded_input_ids = type(output).build_padded_input_ids(output.input_ids, output.mm_items)
     return stats

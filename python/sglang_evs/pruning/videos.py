@@ -215,10 +215,33 @@ class PrunedVideos:
         return encoded
 
     def write_positions(self, layout: BatchLayout, positions: torch.Tensor) -> None:
-        """Positions [3, num_tokens] of this forward: the pruned videos' rows rewritten in place
-        (`write_region_positions`)."""
-        write_region_positions(layout, positions, lambda item: item.is_video() and is_pruned(item),
-                               self.pad_token_id, self.keep_mask)  # fmt: skip
+        """Positions [3, num_tokens] of this forward: the pruned videos' rows rewritten in place.
+
+        Region positions = the unpruned region's positions with the pruned pads' rows deleted. The
+        request's own positions (`mrope_positions` [3, prompt], laid out before the keep-mask was
+        known) become exact too, so a forward SGLang builds from them later sees the same: the
+        speculative draft's extend over this prompt.
+        """
+        token_base = 0
+        for mm_inputs, prefix, extend in layout.requests:
+            for item in mm_inputs.mm_items if mm_inputs is not None else ():
+                if not (item.is_video() and is_pruned(item)):
+                    continue
+                start, end = region_span(item)
+                lo, hi = max(start, prefix), min(end, prefix + extend)
+                if lo >= hi:
+                    continue
+                region_ids = item.model_specific_data[REGION_IDS]
+                keep = region_keep(region_ids, self.pad_token_id, self.keep_mask(item))
+                region = item.model_specific_data[REGION_POSITIONS][:, keep]
+                own = mm_inputs.mrope_positions
+                own[:, start:end] = region.to(own.device, own.dtype)
+                exact = region[:, lo - start : hi - start]
+                window = slice(token_base + lo - prefix, token_base + hi - prefix)
+                positions[:, window] = exact.to(positions.device, positions.dtype)
+                if trace.enabled():
+                    trace.record("evs_positions", item=item.hash, chunk=[prefix, prefix + extend], region=[lo, hi])
+            token_base += extend
 
     def keep_mask(self, item) -> torch.Tensor:
         """The item's keep-mask; if it was forgotten (embedding-cache hit long after encoding),
@@ -255,41 +278,6 @@ class PrunedVideos:
         self.masks.move_to_end(key)
         while len(self.masks) > self.MASKS_KEPT:
             self.masks.popitem(last=False)
-
-
-def write_region_positions(
-    layout: BatchLayout,
-    positions: torch.Tensor,
-    is_region: Callable[[object], bool],
-    pad_token_id: int,
-    keep_mask: Callable[[object], torch.Tensor],
-) -> None:
-    """Positions [3, num_tokens] of a forward, each pruned region's (an item `is_region` accepts) rewritten in place.
-
-    Region positions = the unpruned region's positions with the pruned pads' rows deleted (`keep_mask(item)`: the
-    item's [pads] bool). The request's own positions (`mrope_positions` [3, prompt], laid out before the keep-mask
-    was known) become exact too, so a forward SGLang builds from them later sees the same: the speculative draft's
-    extend over this prompt.
-    """
-    token_base = 0
-    for mm_inputs, prefix, extend in layout.requests:
-        for item in mm_inputs.mm_items if mm_inputs is not None else ():
-            if not is_region(item):
-                continue
-            start, end = region_span(item)
-            lo, hi = max(start, prefix), min(end, prefix + extend)
-            if lo >= hi:
-                continue
-            keep = region_keep(item.model_specific_data[REGION_IDS], pad_token_id, keep_mask(item))
-            region = item.model_specific_data[REGION_POSITIONS][:, keep]
-            own = mm_inputs.mrope_positions
-            own[:, start:end] = region.to(own.device, own.dtype)
-            exact = region[:, lo - start : hi - start]
-            window = slice(token_base + lo - prefix, token_base + hi - prefix)
-            positions[:, window] = exact.to(positions.device, positions.dtype)
-            if trace.enabled():
-                trace.record("evs_positions", item=item.hash, chunk=[prefix, prefix + extend], region=[lo, hi])
-        token_base += extend
 
 
 def with_stream_context(item):
