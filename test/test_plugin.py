@@ -145,6 +145,7 @@ def test_a_record_that_keeps_its_prefill_eager_gets_no_prefill_graphs(monkeypatc
     architecture = "Qwen3OmniMoeForConditionalGeneration"
     pruning = SimpleNamespace(architectures=[architecture], video_pruning_rate=0.5)
     assert plugin.prefill_graphs_serve_pruning(pruning)
+    assert plugin.prefill_graphs_serve_pruning(SimpleNamespace(architectures=[architecture], image_pruning_rate=0.5))
     assert not plugin.prefill_graphs_serve_pruning(SimpleNamespace(architectures=[architecture]))
     monkeypatch.setitem(served.SERVED, architecture, replace(served.SERVED[architecture], eager_prefill="a reason"))
     assert not plugin.prefill_graphs_serve_pruning(pruning)

@@ -292,16 +292,18 @@ def keep_mrope_draft_prefill_eager(original, model_runner, *args, **kwargs):
 def prefill_graphs_serve_pruning(hf_config) -> bool:
     """Whether the plugin turns breakable prefill graphs on for a server of this model: one it serves whose
     record leaves its prefill to graphs (`served.ServedModel.eager_prefill`) and whose server-wide default
-    prunes (`pruning.settings.server_pruning`). Its language model reads nothing but `input_embeds` outside
-    fixed buffers (`models/graph_inputs.py`), so a replay serves pruned videos at their exact positions. A server
+    prunes videos or images (`pruning.settings.server_pruning`, `server_image_pruning`). Its language model reads
+    nothing but `input_embeds` outside fixed buffers (`models/graph_inputs.py`), so a replay serves pruned videos
+    and images at their exact positions. A server
     whose default prunes nothing keeps upstream's choice (eager prefill for the architectures off SGLang's
     allowlist), so at q = 0 it computes what upstream computes; a request there that asks for pruning itself
     prefills eagerly, exact as well."""
-    from sglang_evs.pruning.settings import server_pruning
+    from sglang_evs.pruning.settings import server_image_pruning, server_pruning
     from sglang_evs.served import SERVED
 
     model = SERVED.get((getattr(hf_config, "architectures", None) or [None])[0])
-    return model is not None and model.eager_prefill is None and server_pruning(hf_config).prunes
+    prunes = server_pruning(hf_config).prunes or server_image_pruning(hf_config).prunes
+    return model is not None and model.eager_prefill is None and prunes
 
 
 def allow_prefill_graphs_where_the_default_prunes(original, server_args, *args, **kwargs):

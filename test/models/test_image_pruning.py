@@ -15,6 +15,7 @@ import requests
 
 from sglang_evs import trace
 from sglang_evs.testing import media
+from sglang_evs.testing.chunked import chunk_graph_args
 from sglang_evs.testing.compare import assert_same_greedy
 from sglang_evs.testing.dart_oracle import dart_kept
 from sglang_evs.testing.divprune_oracle import divprune_kept
@@ -62,7 +63,8 @@ def image_server_args() -> list[str]:
 def image_server(tiny_model_dir, image_trace):
     env = {"SGLANG_EVS_TRACE": str(image_trace), "SGLANG_VLM_CACHE_SIZE_MB": "0"}
     log = image_trace.parent / "server.log"
-    with running_server(tiny_model_dir, log, image_server_args(), env, graph_mode=True) as server:
+    args = [*image_server_args(), *chunk_graph_args(CHUNK)]  # prefill graphs up to the chunk: fewer to capture
+    with running_server(tiny_model_dir, log, args, env, graph_mode=True) as server:
         yield server
 
 
@@ -119,6 +121,21 @@ def test_the_server_default_prunes_and_the_openai_usage_counts_the_kept_tokens(i
     assert reply["usage"]["prompt_tokens_details"]["image_tokens"] == int(TALL_TOKENS * (1 - SERVER_RATE))
     unpruned = image_request(image_server, [images["tall"]], {"image_pruning_rate": 0.0})
     assert unpruned.meta["image_tokens"] == TALL_TOKENS
+
+
+def test_every_forward_of_a_pruned_image_replays_a_graph(image_server, image_trace, tmp_path):
+    """The server's default prunes images, so the plugin turns its breakable prefill graphs on (upstream keeps
+    Qwen3-VL's prefill eager): each 64-token chunk of two pruned images replays a prefill graph reading the model's
+    position buffer, each decode step a decode graph (graph mode, `sglang_evs.graph_trace`)."""
+    before = {event: len(trace.read(image_trace, event)) for event in ("graph_replay", "extend_forward")}
+    paths = [media.write_image(tmp_path / "a.png", 256, 320, 40), media.write_image(tmp_path / "b.png", 320, 192, 41)]
+    reply = image_request(image_server, paths, {"image_pruning_rate": 0.25})
+    replays = trace.read(image_trace, "graph_replay")[before["graph_replay"] :]
+    extends = trace.read(image_trace, "extend_forward")[before["extend_forward"] :]
+    prefill = [r for r in replays if r["phase"] == "prefill"]
+    assert len(prefill) == len(extends) >= 2 and all(r["media"] for r in prefill)
+    assert {r["positions_from"] for r in prefill} == {"graph_inputs"}
+    assert len([r for r in replays if r["phase"] == "decode"]) == len(reply.output_ids) - 1
 
 
 def served_image_masks(trace_path: Path, count: int) -> list[list[int]]:
