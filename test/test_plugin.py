@@ -92,6 +92,19 @@ def test_a_server_wide_pruning_setting_for_a_model_not_pruned_is_refused(tiny_ge
         assert plugin.refuse_unsupported_server_args("checked", serves) == "checked"
 
 
+def test_a_server_wide_image_setting_for_a_model_not_pruned_is_refused(tiny_gemma3_dir, tiny_model_dir, tmp_path):
+    """Neither Gemma 3 nor a model SGLang's own EVS prunes reads an image setting: refused at startup, by name."""
+    nemotron = _checkpoint_naming(tmp_path, "NemotronH_Nano_VL_V2")
+    for model in (tiny_gemma3_dir, nemotron):
+        with pytest.raises(plugin.UnsupportedServerArgsError, match="does not prune images, so its image_pruning_rate"):
+            plugin.refuse_unsupported_server_args(None, _server_args(model, '{"image_pruning_rate": 0.5}'))
+    with pytest.raises(ValueError, match="image_pruning_method must be one of"):
+        plugin.refuse_unsupported_server_args(None, _server_args(tiny_gemma3_dir, '{"image_pruning_method": "x"}'))
+    served = '{"image_pruning_rate": 0.5, "image_pruning_method": "dart"}'
+    for serves in (_server_args(tiny_gemma3_dir, '{"image_pruning_rate": 0}'), _server_args(tiny_model_dir, served)):
+        assert plugin.refuse_unsupported_server_args("checked", serves) == "checked"
+
+
 def _checkpoint_naming(directory, architecture: str):
     (directory / "config.json").write_text(json.dumps({"architectures": [architecture], "model_type": architecture}))
     return directory

@@ -220,24 +220,29 @@ def refuse_encoder_data_parallel(server_args, *args, **kwargs) -> None:
 def refuse_pruning_nothing_reads(server_args) -> None:
     """A server-wide pruning setting (`--json-model-override-args`) is read by this plugin for the
     architectures it prunes, and by SGLang itself for the models with SGLang's own EVS (which read the
-    rate and prune with EVS only: no other method, no token budget or floor). Any other setting that would
-    prune is refused by name, since it would be ignored; so is a bad value, a misspelt key of the settings'
-    namespace. A request's own setting is left to the
+    rate and prune videos with EVS only: no other method, no token budget or floor, no image). Any other setting
+    that would prune is refused by name, since it would be ignored; so is a bad value, a misspelt key of the
+    settings' namespace. A request's own setting is left to the
     model's processor, as SGLang leaves every `mm_processor_kwargs`."""
     import json
 
     from sglang_evs.methods import DEFAULT_METHOD, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
     from sglang_evs.models.registry import pruned_by_sglang
-    from sglang_evs.pruning.settings import NO_PRUNING, pruning_from
+    from sglang_evs.pruning.settings import NO_IMAGE_PRUNING, NO_PRUNING, image_pruning_from, pruning_from
     from sglang_evs.served import SERVED
 
     overrides = json.loads(getattr(server_args, "json_model_override_args", None) or "{}")
-    pruning = pruning_from(overrides, NO_PRUNING)
-    if not pruning.prunes:
+    pruning, images = pruning_from(overrides, NO_PRUNING), image_pruning_from(overrides, NO_IMAGE_PRUNING)
+    if not (pruning.prunes or images.prunes):
         return
     architecture = checkpoint_architecture(server_args)
     if architecture is None or architecture in SERVED:
         return
+    if images.prunes:  # SGLang's own EVS prunes no image either
+        raise UnsupportedServerArgsError(
+            f"sglang-evs: {architecture} does not prune images, so its image_pruning_rate would be ignored; remove "
+            f"it from --json-model-override-args (image pruning serves {', '.join(SERVED)})"
+        )
     if pruned_by_sglang(architecture):
         if pruning.method != DEFAULT_METHOD:
             raise UnsupportedServerArgsError(

@@ -201,43 +201,100 @@ def hf_video_prompt(
     return MediaPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
 
 
+class ImageTower(NamedTuple):
+    """transformers' own model of one family, as the image oracle reads it (`hf_image_model`)."""
+
+    model: object  # what `hf_greedy_decode` reads: `.model.language_model`, `.lm_head`, and `.config`, `.dtype`
+    processor: object
+    image_features: Callable  # (pixel_values, image_grid_thw) -> transformers' output (pooler_output per image)
+    rope_index: Callable  # (processor inputs) -> (positions [3, 1, T], delta) of the unpruned prompt
+
+
+@cache
+def hf_image_model(model_dir: str, dtype: str = "float32") -> ImageTower:
+    """transformers' own model of a tiny checkpoint of any family the plugin serves, loaded once per dtype:
+    `AutoModelForImageTextToText` (`hf`, `load_in_transformers`), or Qwen3-Omni's thinker (SGLang serves the
+    thinker alone) behind the same attributes."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, AutoProcessor
+
+    if AutoConfig.from_pretrained(model_dir).architectures != ["Qwen3OmniMoeForConditionalGeneration"]:
+        if dtype == "float32":
+            model, processor = hf(model_dir)
+        else:
+            model, processor = load_in_transformers(model_dir, dtype), AutoProcessor.from_pretrained(model_dir)
+
+        def rope_index(inputs):
+            return model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
+                                              image_grid_thw=inputs["image_grid_thw"])  # fmt: skip
+
+        return ImageTower(model, processor, model.model.get_image_features, rope_index)
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    omni = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    thinker = omni.thinker.eval()
+    model = SimpleNamespace(model=SimpleNamespace(language_model=thinker.model), lm_head=thinker.lm_head,
+                            config=thinker.config, dtype=thinker.dtype)  # fmt: skip
+
+    def thinker_rope_index(inputs):
+        ids = inputs["input_ids"]
+        positions, delta = thinker.get_rope_index(ids, image_grid_thw=inputs["image_grid_thw"],
+                                                  attention_mask=torch.ones_like(ids))  # fmt: skip
+        return positions.long(), delta
+
+    return ImageTower(model, AutoProcessor.from_pretrained(model_dir), thinker.get_image_features, thinker_rope_index)
+
+
 def hf_image_prompt(model_dir: Path, images: Sequence[Path], keep_kept: Callable[[list[list[float]], int], list[int]],
-                    q: float, prompt: str) -> MediaPrompt:  # fmt: skip
-    """``prompt`` (one IMAGE placeholder per image) with ``images``, laid out unpruned by transformers' processor and
-    Qwen3-VL, each image's pads kept as ``keep_kept(rows, count)`` (a plain oracle over the image's rows as lists of
-    floats, ``[main | deepstack...]`` columns, keeping ``max(1, int(N * (1 - q)))``) chooses."""
+                    q: float, prompt: str, dtype: str = "float32") -> MediaPrompt:  # fmt: skip
+    """``prompt`` (one image placeholder per image, the family's) with ``images``, laid out unpruned by transformers'
+    processor and model of the checkpoint's family (`hf_image_model`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (+MoE), Qwen3.5
+    (+MoE), Qwen4-Exp, GLM-4.1V, Qwen3-Omni's thinker) in ``dtype``, each image's pads kept as ``keep_kept(rows,
+    count)`` (a plain oracle over the image's rows as lists of floats: every column the tower returns, ``[main |
+    deepstack...]`` where it has deepstack levels, keeping ``max(1, int(N * (1 - q)))``) chooses. ``deepstack`` is
+    None for a tower without levels."""
     from PIL import Image
 
-    model, processor = hf(str(model_dir))
+    tower = hf_image_model(str(model_dir), dtype)
+    model, cfg = tower.model, tower.model.config
     pictures = [Image.open(path).convert("RGB") for path in images]
-    inputs = processor(text=[prompt], images=pictures, return_tensors="pt")
+    inputs = tower.processor(text=[prompt], images=pictures, return_tensors="pt")
     ids, grid = inputs["input_ids"][0], inputs["image_grid_thw"]
-    cfg = model.config
     with torch.no_grad():
-        positions, delta = model.model.get_rope_index(ids[None], inputs["mm_token_type_ids"], image_grid_thw=grid)
-        feats = model.model.get_image_features(inputs["pixel_values"], grid)
+        positions, delta = tower.rope_index(inputs)
+        feats = tower.image_features(inputs["pixel_values"].to(model.dtype), grid)
         main = torch.cat(list(feats.pooler_output))
-        levels = [torch.cat(list(per_image)) for per_image in feats.deepstack_features]
+        levels = [torch.cat(list(per_image)) for per_image in getattr(feats, "deepstack_features", None) or []]
         rows = torch.cat([main, *levels], dim=1)
         masks = []
         for image_rows in rows.split([int(n) // cfg.vision_config.spatial_merge_size**2 for n in grid.prod(-1)]):
             mask = torch.zeros(image_rows.shape[0], dtype=torch.bool)
-            mask[keep_kept(image_rows.tolist(), max(1, int(image_rows.shape[0] * (1 - q))))] = True
+            mask[keep_kept(image_rows.float().tolist(), max(1, int(image_rows.shape[0] * (1 - q))))] = True
             masks.append(mask)
         mask = torch.cat(masks)
         is_pad = ids == cfg.image_token_id
         keep = torch.ones_like(ids, dtype=torch.bool)
         keep[is_pad] = mask
         embeds = model.model.language_model.embed_tokens(ids)
-        embeds[is_pad] = main
-    return MediaPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, [level[mask] for level in levels])
+        embeds[is_pad] = main.to(embeds.dtype)
+    deepstack = [level[mask] for level in levels] if levels else None
+    return MediaPrompt(model, ids, embeds, positions, int(delta), keep, is_pad, deepstack)
 
 
-def hf_greedy_on_prompt(prompt: MediaPrompt, steps: int = 8, forced: list[int] | None = None) -> HFReference:
-    """The reference rule on `prompt`: its kept rows at their unpruned positions, greedily decoded."""
+def hf_greedy_on_prompt(prompt: MediaPrompt, steps: int = 8, forced: list[int] | None = None,
+                        shift_from_video: int = 0, shift_text_back: bool = False) -> HFReference:  # fmt: skip
+    """The reference rule on `prompt`: its kept rows at their unpruned positions, greedily decoded (the deepstack
+    levels where the tower has them; the token ids beside the rows where the language model reads them, Qwen4-Exp's
+    per-layer embeddings; ``forced``: the served tokens to follow). The controls are `hf_greedy_on_kept`'s, the
+    media's rows (``is_pad``) in the video's place: every token from the first one on moved by ``shift_from_video``
+    positions, or the text after the last one moved back by the pruned count (``shift_text_back``)."""
+    reads_ids = bool(getattr(getattr(prompt.model.config, "text_config", None), "ple_layer_ids", None))
+    visual = None if prompt.deepstack is None else prompt.is_pad
     with torch.no_grad():
         return hf_greedy_on_kept(prompt.model, prompt.embeds, prompt.positions.clone(), prompt.delta, prompt.keep,
-                                 prompt.is_pad, steps, visual=prompt.is_pad, deepstack=prompt.deepstack,
+                                 prompt.is_pad, steps, shift_from_video, shift_text_back, visual=visual,
+                                 deepstack=prompt.deepstack, ids=prompt.ids if reads_ids else None,
                                  forced=forced)  # fmt: skip
 
 
