@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
 from sglang_evs import trace
 from sglang_evs.testing import media
@@ -40,7 +39,7 @@ from sglang_evs.testing.hf_reference import (
     HFReference,
     MediaPrompt,
     assert_matches_hf,
-    expected_positions,
+    assert_served_at_the_rules_positions,
     hf_greedy_on_prompt,
     hf_image_prompt,
 )
@@ -223,22 +222,8 @@ def test_every_forward_is_at_the_rules_positions(served, hf_side, family, method
     plus the pruned count. The control: every token from the middle of the prompt on one position later."""
     prompt, _ = hf_side
     rule, offset = prompt.positions[:, 0, prompt.keep], prompt.delta + int((~prompt.keep).sum())
-    one_off = rule.clone()
-    one_off[:, rule.shape[1] // 2 :] += 1
     first_events, repeat_events = served.positions
-    assert sum(event["mode"] == "EXTEND" for event in first_events) > 2  # the prompt in several chunks
-    for reply, events in ((served.pruned, first_events), (served.repeat, repeat_events)):
-        assert reply.prompt_tokens == rule.shape[1]
-        assert {event["mode"] for event in events} == {"EXTEND", "DECODE"}
-        assert (
-            sum(event["rows"] for event in events if event["mode"] == "EXTEND") == rule.shape[1] - reply.cached_tokens
-        )
-        for event in events:
-            assert torch.equal(torch.tensor(event["positions"]), expected_positions(event, rule, offset)), event
-    assert any(
-        not torch.equal(torch.tensor(event["positions"]), expected_positions(event, one_off, offset + 1))
-        for event in first_events if event["mode"] == "EXTEND"
-    )  # fmt: skip
+    assert_served_at_the_rules_positions(((served.pruned, first_events), (served.repeat, repeat_events)), rule, offset)
 
 
 @pytest.mark.parametrize(("family", "method"), CASES)

@@ -495,6 +495,28 @@ def expected_positions(event: dict, rule: torch.Tensor, offset: int) -> torch.Te
     return out
 
 
+def assert_served_at_the_rules_positions(served: Sequence[tuple], rule: torch.Tensor, offset: int) -> None:
+    """Every prefill chunk and decode step of each traced request (`served`: (reply, its rope_positions events), a
+    first request and its radix repeat) handed the language model exactly `rule` ([3, prompt] positions of the kept
+    tokens) and, after the prompt, index + `offset`; the prompt prefilled in several chunks. The control: the rule
+    with every token from the middle of the prompt on one position later is not what the first request was given."""
+    first_events = served[0][1]
+    assert sum(event["mode"] == "EXTEND" for event in first_events) > 2  # the prompt in several chunks
+    for reply, events in served:
+        assert reply.prompt_tokens == rule.shape[1]
+        assert {event["mode"] for event in events} == {"EXTEND", "DECODE"}
+        prefilled = sum(event["rows"] for event in events if event["mode"] == "EXTEND")
+        assert prefilled == rule.shape[1] - reply.cached_tokens
+        for event in events:
+            assert torch.equal(torch.tensor(event["positions"]), expected_positions(event, rule, offset)), event
+    one_off = rule.clone()
+    one_off[:, rule.shape[1] // 2 :] += 1
+    assert any(
+        not torch.equal(torch.tensor(event["positions"]), expected_positions(event, one_off, offset + 1))
+        for event in first_events if event["mode"] == "EXTEND"
+    )  # fmt: skip
+
+
 MASK_TIE = 1e-3  # score gap within which SGLang's and HF's encoders may rank two rows differently
 
 
