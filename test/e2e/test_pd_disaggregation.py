@@ -326,19 +326,23 @@ def test_a_repeat_is_a_radix_hit_on_the_prefill_server_and_serves_what_one_serve
 # --- a request's own setting, in a chat request -------------------------------------------------------
 
 
-def chat(base_url: str, clip: Path, setting: dict) -> Generation:
-    """A greedy chat request on one video with top-5 logprobs, `setting` in its `chat_template_kwargs`, as a
-    `Generation` whose "ids" are the tokens as the reply spells them (text and bytes: chat replies carry no
-    ids)."""
-    body = {
+def chat_body(medium: Path, setting: dict, kind: str = "video_url") -> dict:
+    """A greedy chat request on one video (or image: `kind` "image_url") with top-5 logprobs, `setting` in its
+    `chat_template_kwargs` (the field the router forwards)."""
+    return {
         "model": "default",
         "messages": [{"role": "user", "content": [
-            {"type": "video_url", "video_url": {"url": f"file://{clip}"}}, {"type": "text", "text": "Describe this."},
+            {"type": kind, kind: {"url": f"file://{medium}"}}, {"type": "text", "text": "Describe this."},
         ]}],
         "max_tokens": MAX_NEW_TOKENS, "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 5,
         **({"chat_template_kwargs": setting} if setting else {}),
     }  # fmt: skip
-    response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=300)
+
+
+def chat(base_url: str, medium: Path, setting: dict, kind: str = "video_url") -> Generation:
+    """`chat_body`'s reply as a `Generation` whose "ids" are the tokens as the reply spells them (text and bytes:
+    chat replies carry no ids)."""
+    response = requests.post(f"{base_url}/v1/chat/completions", json=chat_body(medium, setting, kind), timeout=300)
     response.raise_for_status()
     reply = response.json()
     steps = reply["choices"][0]["logprobs"]["content"]
@@ -380,6 +384,36 @@ def test_a_requests_own_setting_through_the_pair_serves_what_one_server_serves(p
     assert len(got.output_ids) == MAX_NEW_TOKENS
     unpruned = per_request["q=0"][0].prompt_tokens
     assert got.prompt_tokens == unpruned - (300 if "q=.75" in name else 0)  # 400 video tokens, 100 kept
+
+
+IMAGE_SETTINGS = {  # name -> the chat request's image setting (the pair prunes no image by default)
+    "dart q=.75": {"image_pruning_rate": 0.75, "image_pruning_method": "dart"},
+    "divprune q=.5": {"image_pruning_rate": 0.5},
+    "q=0": {"image_pruning_rate": 0.0},
+}
+KEPT_OF_64 = {"dart q=.75": 16, "divprune q=.5": 32, "q=0": 64}  # the 64-token image
+
+
+@pytest.fixture(scope="module")
+def per_request_images(fleet, files, served) -> dict[str, tuple[Generation, Generation]]:
+    """The image at each setting through the EVS pair and from one server, each from an empty cache."""
+    out = {}
+    for name, setting in IMAGE_SETTINGS.items():
+        empty_caches(fleet.prefill, fleet.one)
+        out[name] = tuple(
+            chat(server.base_url, files["image"], setting, "image_url") for server in (fleet.evs, fleet.one)
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", IMAGE_SETTINGS)
+def test_a_requests_own_image_setting_through_the_pair_serves_what_one_server_serves(per_request_images, name):
+    """Both servers of the pair prune the image as the request asks (the decode server checks the prefill's image
+    setting beside the videos'), and the pair serves what one server serves."""
+    got, want = per_request_images[name]
+    assert_same_generation(got, want, TOLERANCE, name)
+    assert got.prompt_tokens == per_request_images["q=0"][0].prompt_tokens - (64 - KEPT_OF_64[name])
+    assert got.meta["prompt_tokens_details"]["image_tokens"] == KEPT_OF_64[name]
 
 
 def test_8_concurrent_mixed_requests_through_the_pair_match_one_server(fleet, files, served):
@@ -473,9 +507,10 @@ def test_a_decode_server_without_the_plugin_fails_a_pruned_request_by_name_and_s
         "sglang-evs: request " in message
         and " has 256 tokens, M-RoPE delta " in message
         and ", videos pruned by evs at 0.5 on this prefill server, 256 KV pages to send, but decode server " in message
-        and " allocated 456: it laid the prompt out differently (another video pruning setting, or no "
+        and " allocated 456: it laid the prompt out differently (another pruning setting, or no "
         "sglang-evs, which does not prune); both servers must run sglang-evs with the same video pruning "
-        "setting (video_pruning_method, video_pruning_rate)"
+        "setting (video_pruning_method, video_pruning_rate) and image pruning setting (image_pruning_method, "
+        "image_pruning_rate)"
         in message
     ), message
     for name in ("text", "image"):  # what neither prunes, through the same pair
@@ -486,6 +521,11 @@ def test_a_decode_server_without_the_plugin_fails_a_pruned_request_by_name_and_s
         generate(fleet.evs.base_url, prompt, MAX_NEW_TOKENS, **kwargs)[0].output_ids
         == served["pair"]["video"].output_ids
     )
+    # last (a second failure opens the router's circuit to the prefill server): a pruned image, which the decode
+    # server without the plugin lays out whole
+    body = chat_body(files["image"], IMAGE_SETTINGS["dart q=.75"], "image_url")
+    response = requests.post(f"{fleet.without_plugin.base_url}/v1/chat/completions", json=body, timeout=300)
+    assert response.status_code == 500 and "images pruned by dart at 0.75 on this prefill server" in response.text
 
 
 def test_a_decode_server_with_another_setting_fails_a_pruned_request_by_name_and_serves_on(fleet, files):
@@ -498,7 +538,8 @@ def test_a_decode_server_with_another_setting_fails_a_pruned_request_by_name_and
         " was laid out differently by the two servers: the prefill server's prompt has 256 tokens, M-RoPE "
         "delta -160, videos pruned by evs at 0.5, this decode server's 256 tokens, M-RoPE delta -160, videos "
         "pruned by vidcom2 at 0.5; both servers must run sglang-evs with the same video pruning setting "
-        "(video_pruning_method, video_pruning_rate)"
+        "(video_pruning_method, video_pruning_rate) and image pruning setting (image_pruning_method, "
+        "image_pruning_rate)"
     ), message
     prompt, kwargs = cases(files)["text"]
     assert len(generate(fleet.other_setting.base_url, prompt, MAX_NEW_TOKENS, **kwargs)[0].output_ids) == 6

@@ -30,7 +30,12 @@ UNPRUNED_DELTA = -360
 
 def video_item(method: str | None = "evs", rate: float = 0.5) -> SimpleNamespace:
     data = {} if method is None else {METHOD: method, RATE: rate}
-    return SimpleNamespace(is_video=lambda: True, model_specific_data=data)
+    return SimpleNamespace(is_video=lambda: True, is_image=lambda: False, model_specific_data=data)
+
+
+def image_item(method: str | None = "dart", rate: float = 0.5) -> SimpleNamespace:
+    data = {} if method is None else {METHOD: method, RATE: rate}
+    return SimpleNamespace(is_video=lambda: False, is_image=lambda: True, model_specific_data=data)
 
 
 def request(length: int = 256, delta: int = UNPRUNED_DELTA + PRUNED, items=None, room: int = ROOM, **extra):
@@ -126,6 +131,7 @@ def test_a_decode_server_aborts_a_request_its_prefill_laid_out_otherwise(buffers
                                      "prefill server's prompt has 256 tokens, M-RoPE delta -160, videos pruned "
                                      "by evs at 0.5")  # fmt: skip
     assert named in reason.message and "must run sglang-evs with the same video pruning setting" in reason.message
+    assert "and image pruning setting (image_pruning_method, image_pruning_rate)" in reason.message
     assert decode_req.kv_receiver is None  # cleared as SGLang's own abort branches clear it
 
 
@@ -139,6 +145,30 @@ def test_a_prefill_server_without_the_plugin_fails_a_pruned_request_and_serves_a
     )
     text = decode_request(request(length=12, items=[]))
     assert commit(buffers, text) == [text]
+
+
+def test_an_images_pruning_rides_beside_the_videos_and_is_compared_too(buffers):
+    """A prompt with a pruned video and a pruned image: the same layout on both servers commits; another image
+    method (the same count, other rows) aborts naming both; a prefill server without the plugin fails a request
+    that prunes only its images here."""
+    both = [video_item(), image_item("dart", 0.5)]
+    prefill_side(buffers, request(items=both))
+    decode_req = decode_request(request(items=[video_item(), image_item("dart", 0.5)]))
+    assert commit(buffers, decode_req) == [decode_req]
+    prefill_side(buffers, request(items=both))
+    other = request(items=[video_item(), image_item("divprune", 0.5)])
+    assert commit(buffers, decode_request(other)) == []
+    named = ("videos pruned by evs at 0.5, images pruned by dart at 0.5, this decode server's 256 tokens, M-RoPE "
+             "delta -160, videos pruned by evs at 0.5, images pruned by divprune at 0.5")  # fmt: skip
+    assert named in other.finished_reason.message
+    buffers.cached_tokens[1].zero_()  # a prefill server without the plugin
+    buffers.bootstrap_room[1, 0] = ROOM
+    images_only = request(items=[video_item(None), image_item("dart", 0.75)])
+    assert commit(buffers, decode_request(images_only)) == []
+    assert (
+        "prunes its media on this decode server (256 tokens, M-RoPE delta -160, no video pruned, images pruned "
+        "by dart at 0.75), but its prefill server sent no prompt layout" in images_only.finished_reason.message
+    )
 
 
 def test_a_warm_up_another_rooms_row_and_a_rebootstrap_are_left_to_sglang(buffers):
@@ -190,8 +220,9 @@ def test_a_prefill_server_fails_the_room_of_a_decode_server_that_allocated_for_a
     assert reason == (
         "sglang-evs: request r1 has 256 tokens, M-RoPE delta -160, videos pruned by evs at 0.5 on this prefill "
         "server, 256 KV pages to send, but decode server decode:0 allocated 456: it laid the prompt out "
-        "differently (another video pruning setting, or no sglang-evs, which does not prune); both servers must "
-        "run sglang-evs with the same video pruning setting (video_pruning_method, video_pruning_rate)"
+        "differently (another pruning setting, or no sglang-evs, which does not prune); both servers must "
+        "run sglang-evs with the same video pruning setting (video_pruning_method, video_pruning_rate) and image "
+        "pruning setting (image_pruning_method, image_pruning_rate)"
     )
 
 
@@ -214,7 +245,7 @@ def test_hooks_read_the_request_setting_from_its_items():
     assert layout_of(request(items=[video_item(None), video_item("vidcom2", 0.75)])).method == "vidcom2"
     # a --language-only prefill server's item, pruned by its encoder: the same layout as its decode server's
     by_encoder = {ENCODER_PRUNED: {"method": "evs", "rate": 0.5}}
-    encoded = SimpleNamespace(is_video=lambda: True, model_specific_data=by_encoder)
+    encoded = SimpleNamespace(is_video=lambda: True, is_image=lambda: False, model_specific_data=by_encoder)
     assert layout_of(request(items=[encoded])) == layout_of(request())
     assert layout_of(SimpleNamespace(origin_input_ids=[1, 2], multimodal_inputs=None)) == Layout(2, 0, None, 0.0)
     assert prefill_decode.METHOD_CODES == {"evs": 1, "vidcom2": 2}

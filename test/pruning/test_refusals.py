@@ -13,6 +13,7 @@ from sglang_evs.pruning.refusals import (
     UNPROVEN_FLAGS,
     conflicting_setup,
     content_unreached_setup,
+    encoder_role,
     rate_only_setup,
     refuse_prompt_logprobs_over_pruned_videos,
     refuse_request_features_with_threshold,
@@ -279,27 +280,29 @@ def test_a_budget_or_floor_is_refused_by_name_where_servers_hand_over_the_rate_o
 @pytest.mark.parametrize(
     ("server_args", "setup"),
     [
-        ({"disaggregation_mode": "prefill"}, "prefill/decode disaggregation (--disaggregation-mode prefill)"),
+        ({"disaggregation_mode": "prefill"}, None),  # each server lays the prompt out; they compare layouts
         ({"language_only": True}, "encoder disaggregation (--language-only)"),
         ({"encoder_only": True}, "encoder disaggregation (--encoder-only)"),
+        ({"disaggregation_mode": "decode", "language_only": True}, "encoder disaggregation (--language-only)"),
         ({"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "/elsewhere"},
          "speculative decoding with a draft blind to M-RoPE positions (--speculative-algorithm EAGLE)"),
         ({"tp_size": 2, "pp_size": 2}, None),
     ],
 )  # fmt: skip
 def test_images_are_refused_by_name_where_their_layout_is_not_built_and_where_videos_are(server_args, setup):
-    """Disaggregated servers hand each other no image's layout yet; a setup videos cannot be pruned with refuses
-    images too. A request that prunes nothing is served everywhere."""
+    """Encoder servers hand the language server no image's layout yet; a setup videos cannot be pruned with refuses
+    images too; a prefill/decode pair lays images out as videos, each server itself. A request that prunes nothing
+    is served everywhere."""
     args = SimpleNamespace(**server_args)
     conflict = conflicting_setup(args, SimpleNamespace(architectures=["Qwen3VLForConditionalGeneration"]))
     pruning = request_image_pruning(request(image_pruning_rate=0.5, image_pruning_method="dart"), NO_IMAGE_PRUNING)
-    refuse_unsupported_images(NO_IMAGE_PRUNING, conflict, rate_only_setup(args))
+    refuse_unsupported_images(NO_IMAGE_PRUNING, conflict, encoder_role(args))
     if setup is None:
-        refuse_unsupported_images(pruning, conflict, rate_only_setup(args))
+        refuse_unsupported_images(pruning, conflict, encoder_role(args))
         return
     message = f"image_pruning_rate=0.5: image pruning (dart) is not supported with {setup} yet; set image_pruning_rate"
     with pytest.raises(ValueError, match=re.escape(message)):
-        refuse_unsupported_images(pruning, conflict, rate_only_setup(args))
+        refuse_unsupported_images(pruning, conflict, encoder_role(args))
 
 
 def test_a_budget_alone_is_named_in_a_conflicts_refusal():

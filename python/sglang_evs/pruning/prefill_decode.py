@@ -1,4 +1,4 @@
-"""Video pruning under prefill/decode disaggregation: both servers agree on the prompt's layout, or it fails.
+"""Video and image pruning under prefill/decode disaggregation: both servers agree on the prompt's layout, or it fails.
 
 Under PD, sglang-router sends each request to both servers and each lays the prompt out itself: the decode
 server runs the (pruning) processor too, allocates KV for its own prompt length and decodes at positions
@@ -10,8 +10,8 @@ differ it cuts the KV to fit or leaves stale slots, and the answer is wrong with
 name instead of being decoded at wrong positions:
 
 1. prefill server (`send_layout`, after SGLang fills the metadata row the decode server receives with the
-   first token): a marker, the prompt length, the M-RoPE delta and the videos' pruning method and rate,
-   in free slots of the row's `cached_tokens` buffer (SGLang writes slots 0-6 of its 16);
+   first token): a marker, the prompt length, the M-RoPE delta and the videos' and images' pruning methods and
+   rates, in free slots of the row's `cached_tokens` buffer (SGLang writes slots 0-6 of its 16);
 2. decode server (`check_prefill_layout`, before SGLang commits the received row to its request): that
    layout against its own; on a difference, or without the marker on a request that prunes (a prefill
    server without this plugin), the request is aborted as SGLang aborts a corrupted row;
@@ -34,31 +34,40 @@ from typing import NamedTuple
 
 from sglang_evs import sglang_compat as sglang
 from sglang_evs.methods import METHODS, PRUNING_METHOD_SETTING, PRUNING_RATE_SETTING
-from sglang_evs.pruning.fields import pruned_with
+from sglang_evs.methods.images import IMAGE_METHODS, IMAGE_PRUNING_METHOD_SETTING, IMAGE_PRUNING_RATE_SETTING
+from sglang_evs.pruning.fields import is_pruned, pruned_with
 from sglang_evs.pruning.refusals import serves_this_model
 
 # Slots of a request's `cached_tokens` metadata row (int32, 16 wide; SGLang writes 0-6, MetadataBuffers.set_buf).
-MARKER_SLOT, LENGTH_SLOT, DELTA_SLOT, METHOD_SLOT, RATE_SLOT = 7, 8, 9, 10, 11
+MARKER_SLOT, LENGTH_SLOT, DELTA_SLOT, METHOD_SLOT, RATE_SLOT, IMAGE_METHOD_SLOT, IMAGE_RATE_SLOT = range(7, 14)
 LAYOUT_MARKER = 0x45565331  # "EVS1": the prefill server ran this plugin and wrote its layout
 METHOD_CODES = {name: code for code, name in enumerate(METHODS, start=1)}  # 0: no pruned video
+IMAGE_METHOD_CODES = {name: code for code, name in enumerate(IMAGE_METHODS, start=1)}  # 0: no pruned image
 SAME_SETTING = (
     f"both servers must run sglang-evs with the same video pruning setting ({PRUNING_METHOD_SETTING}, "
-    f"{PRUNING_RATE_SETTING})"
+    f"{PRUNING_RATE_SETTING}) and image pruning setting ({IMAGE_PRUNING_METHOD_SETTING}, {IMAGE_PRUNING_RATE_SETTING})"
 )
 
 
 class Layout(NamedTuple):
     """What a server's prompt of one request is, for the other server to compare: its length, its M-RoPE
-    decode offset, and how its videos were pruned (None, 0.0: none was)."""
+    decode offset, and how its videos and its images were pruned (None, 0.0: none was)."""
 
     length: int
     delta: int
     method: str | None
     rate: float
+    image_method: str | None = None
+    image_rate: float = 0.0
+
+    @property
+    def prunes(self) -> bool:
+        return self.method is not None or self.image_method is not None
 
     def __str__(self) -> str:
         pruned = f"videos pruned by {self.method} at {self.rate:g}" if self.method else "no video pruned"
-        return f"{self.length} tokens, M-RoPE delta {self.delta}, {pruned}"
+        images = f", images pruned by {self.image_method} at {self.image_rate:g}" if self.image_method else ""
+        return f"{self.length} tokens, M-RoPE delta {self.delta}, {pruned}{images}"
 
 
 def layout_of(req) -> Layout:
@@ -71,11 +80,14 @@ def layout_of(req) -> Layout:
     delta = getattr(inputs, "mrope_position_delta", None)
     items = getattr(inputs, "mm_items", None) or ()
     pruned = next((setting for item in items if item.is_video() and (setting := pruned_with(item))), None)
+    image = next((pruned_with(item) for item in items if item.is_image() and is_pruned(item)), None)
     return Layout(
         len(req.origin_input_ids),
         0 if delta is None else int(delta.flatten()[0]),
         None if pruned is None else pruned[0],
         0.0 if pruned is None else _as_sent(pruned[1]),
+        None if image is None else image[0],
+        0.0 if image is None else _as_sent(image[1]),
     )
 
 
@@ -100,6 +112,8 @@ def write_layout(row, layout: Layout) -> None:
     row[DELTA_SLOT] = layout.delta
     row[METHOD_SLOT] = METHOD_CODES[layout.method] if layout.method else 0
     row[RATE_SLOT] = _rate_bits(layout.rate)
+    row[IMAGE_METHOD_SLOT] = IMAGE_METHOD_CODES[layout.image_method] if layout.image_method else 0
+    row[IMAGE_RATE_SLOT] = _rate_bits(layout.image_rate)
 
 
 def read_layout(row) -> Layout | None:
@@ -109,7 +123,10 @@ def read_layout(row) -> Layout | None:
     names = {code: name for name, code in METHOD_CODES.items()}
     method = names.get(int(row[METHOD_SLOT]))
     rate = _rate_from_bits(int(row[RATE_SLOT])) if method else 0.0
-    return Layout(int(row[LENGTH_SLOT]), int(row[DELTA_SLOT]), method, rate)
+    image_names = {code: name for name, code in IMAGE_METHOD_CODES.items()}
+    image_method = image_names.get(int(row[IMAGE_METHOD_SLOT]))
+    image_rate = _rate_from_bits(int(row[IMAGE_RATE_SLOT])) if image_method else 0.0
+    return Layout(int(row[LENGTH_SLOT]), int(row[DELTA_SLOT]), method, rate, image_method, image_rate)
 
 
 def send_layout(result, buffers, req, *args, **kwargs):
@@ -125,13 +142,13 @@ def layout_mismatch(sent: Layout | None, req) -> str | None:
     server `sent` (None: none, a prefill server without this plugin). None: they agree, or such a prefill
     server sent a request that prunes nothing here (which it lays out as SGLang does)."""
     own = layout_of(req)
-    if sent is None and own.method is None:
+    if sent is None and not own.prunes:
         return None
     if sent is None:
         return (
-            f"sglang-evs: request {req.rid} prunes its videos on this decode server ({own}), but its prefill "
+            f"sglang-evs: request {req.rid} prunes its media on this decode server ({own}), but its prefill "
             "server sent no prompt layout: a prefill server without sglang-evs, which does not prune; "
-            f"{SAME_SETTING}, or send {PRUNING_RATE_SETTING}=0 with this request"
+            f"{SAME_SETTING}, or send {PRUNING_RATE_SETTING}=0 and {IMAGE_PRUNING_RATE_SETTING}=0 with this request"
         )
     if sent == own:
         return None
@@ -173,7 +190,7 @@ def allocation_mismatch(req, sent_pages: int, allocated: dict[str, int]) -> str 
     return (
         f"sglang-evs: request {req.rid} has {layout_of(req)} on this prefill server, {sent_pages} KV pages to "
         f"send, but decode server {session} allocated {pages}: it laid the prompt out differently (another "
-        f"video pruning setting, or no sglang-evs, which does not prune); {SAME_SETTING}"
+        f"pruning setting, or no sglang-evs, which does not prune); {SAME_SETTING}"
     )
 
 

@@ -18,6 +18,7 @@ from sglang_evs.pruning.encoder_records import RECORDS, lay_out_pruned
 from sglang_evs.pruning.refusals import (
     conflicting_setup,
     content_unreached_setup,
+    encoder_role,
     rate_only_setup,
     refuse_prompt_logprobs_over_pruned_videos,
     refuse_request_features_with_threshold,
@@ -86,9 +87,10 @@ class PruningProcessor:
         self.conflict = conflicting_setup(server_args, hf_config)
         self.rate_only = rate_only_setup(server_args)
         self.content_unreached = content_unreached_setup(server_args)
+        self.encoder_role = encoder_role(server_args)
         self.tokenizer_workers = int(getattr(server_args, "tokenizer_worker_num", 1) or 1)
         refuse_unsupported(self.pruning, self.conflict, self.rate_only, self.content_unreached)
-        refuse_unsupported_images(self.image_pruning, self.conflict, self.rate_only)
+        refuse_unsupported_images(self.image_pruning, self.conflict, self.encoder_role)
         logging.getLogger("sglang_evs").info(
             "sglang-evs: %s processor with video pruning, default video_pruning_method=%s %s; image_pruning_method=%s "
             "image_pruning_rate=%s",
@@ -141,7 +143,7 @@ class PruningProcessor:
         pruning = request_pruning(request_obj, self.pruning)
         refuse_unsupported(pruning, self.conflict, self.rate_only, self.content_unreached)
         image_pruning = request_image_pruning(request_obj, self.image_pruning)
-        refuse_unsupported_images(image_pruning, self.conflict, self.rate_only)
+        refuse_unsupported_images(image_pruning, self.conflict, self.encoder_role)
         on_device = bool(getattr(self, "keep_mm_features_on_device", False))
         if pruning.stream:
             refuse_unstreamable(self.hf_config.model_type, request_obj, on_device, self.tokenizer_workers)

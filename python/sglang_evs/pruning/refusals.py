@@ -213,11 +213,11 @@ def refuse_encoder_default(pruning: Pruning) -> None:
         )
 
 
-def refuse_unsupported_images(pruning: ImagePruning, conflict: str | None, disaggregated: str | None) -> None:
+def refuse_unsupported_images(pruning: ImagePruning, conflict: str | None, encoder: str | None) -> None:
     """ValueError naming `image_pruning_rate` where images are to be pruned under `conflict` (a `conflicting_setup`
-    answer: what videos cannot be pruned with either) or a disaggregated setup (a `rate_only_setup` answer: the
-    servers' image handshake and records are not built yet)."""
-    setup = conflict or disaggregated
+    answer: what videos cannot be pruned with either) or encoder disaggregation (an `encoder_role` answer: its
+    encoders' records and the language server's layout carry videos only)."""
+    setup = conflict or encoder
     if pruning.prunes and setup is not None:
         raise ValueError(
             f"{IMAGE_PRUNING_RATE_SETTING}={pruning.rate}: image pruning ({pruning.method.name}) is not supported "
