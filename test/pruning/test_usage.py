@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from sglang_evs.methods import EVS, VIDCOM2
 from sglang_evs.pruning import usage
-from sglang_evs.pruning.fields import VideoTokenCounts
+from sglang_evs.pruning.fields import TokenCounts
 from sglang_evs.pruning.settings import Pruning
 
 
@@ -33,7 +33,7 @@ def test_usage_fields_name_a_budget_and_a_floor_where_there_is_one():
 def test_every_output_carries_the_counts_even_when_consumers_read_mid_batch():
     """Like SGLang's handler: append an output per request, wake its consumer and yield after each."""
     rids = ["a", "b", "c"]
-    usage.record_usage(["a", "c"], Pruning(EVS, 0.5), [VideoTokenCounts(400, 200)])
+    usage.record_usage(["a", "c"], Pruning(EVS, 0.5), [TokenCounts(400, 200)])
     states = {rid: SimpleNamespace(out_list=[], finished=rid != "c", event=asyncio.Event()) for rid in rids}
     manager = SimpleNamespace(rid_to_state=dict(states))
     seen: dict[str, dict] = {}

@@ -37,7 +37,9 @@ STREAM_CONTEXT = "evs_stream_context"
 
 
 @dataclass(frozen=True)
-class VideoTokenCounts:
+class TokenCounts:
+    """One video's or image's tokens before and after pruning."""
+
     before: int
     after: int
 

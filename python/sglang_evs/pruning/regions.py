@@ -37,7 +37,7 @@ from sglang_evs.pruning.fields import (
     THRESHOLD,
     TOKEN_BUDGET,
     VIDEO_TOKENS,
-    VideoTokenCounts,
+    TokenCounts,
     continues_stream,
     image_grids,
     region_keep,
@@ -89,7 +89,7 @@ def split_bundled_videos(items: list) -> list:
 def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video_token_id: int):
     """Shorten every video of an SGLang `MultimodalProcessorOutput` to its pruned length, in place.
 
-    Returns the list of VideoTokenCounts (token counts before/after), one per video.
+    Returns the list of TokenCounts (token counts before/after), one per video.
     """
     output.mm_items = split_bundled_videos(output.mm_items)
     ids = torch.as_tensor(output.input_ids, dtype=torch.int64)
@@ -116,7 +116,7 @@ def prune_video_regions(output, pruning: Pruning, spatial_merge_size: int, video
         item.set(REGION_IDS, region_ids)
         item.set(REGION_POSITIONS, positions[:, start:end].clone())
         item.set(VIDEO_TOKENS, (t * h * w, kept))
-        stats.append(VideoTokenCounts(t * h * w, kept))
+        stats.append(TokenCounts(t * h * w, kept))
 
     for item in videos:
         start, end = region_span(item)
@@ -155,7 +155,7 @@ def prune_image_regions(output, pruning: ImagePruning, spatial_merge_size: int, 
     keeps, at their unpruned positions, `images.py`). SGLang's processor makes each image an item of its own; an item
     that still holds several is pruned image by image and never split (a device feature transport's handle cannot
     be). The item carries its images' unpruned pad positions, one after the other (`REGION_POSITIONS`, [3, pads]),
-    and its key folds the method and rate. Returns the VideoTokenCounts (tokens before/after) of each image.
+    and its key folds the method and rate. Returns the TokenCounts (tokens before/after) of each image.
     """
     ids = torch.as_tensor(output.input_ids, dtype=torch.int64)
     keep = torch.ones(ids.numel(), dtype=torch.bool)
@@ -172,7 +172,7 @@ def prune_image_regions(output, pruning: ImagePruning, spatial_merge_size: int, 
             kept = image_kept_count(t * h * w, pruning.rate)
             keep[start : end + 1] = torch.arange(t * h * w) < kept
             positions.append(output.mrope_positions[:, start : end + 1])
-            stats.append(VideoTokenCounts(t * h * w, kept))
+            stats.append(TokenCounts(t * h * w, kept))
         item.set(METHOD, pruning.method.name)
         item.set(RATE, pruning.rate)
         item.set(REGION_POSITIONS, torch.cat(positions, dim=1).clone())

@@ -49,7 +49,7 @@ def record_usage(rid, pruning: Pruning, videos) -> None:
 
 
 def record_image_usage(rid, pruning: ImagePruning, images) -> None:
-    """A request's pruned images (VideoTokenCounts each): `image_pruning_method`, `image_pruning_rate`,
+    """A request's pruned images (TokenCounts each): `image_pruning_method`, `image_pruning_rate`,
     `image_tokens_before_pruning` and `..._after_pruning` beside its video fields, and the image counters."""
     before, after = sum(i.before for i in images), sum(i.after for i in images)
     _count_images(pruning.method.name, before, after, len(images))
