@@ -25,8 +25,8 @@ from pathlib import Path
 import requests
 
 from sglang_evs.bench.launch import serving
-from sglang_evs.bench.measure import USAGE_FIELDS, prefill_ms, run_bench_serving, streamed_chat
-from sglang_evs.bench.ratios import geometric_interval, paired_ideal, summarize_bench
+from sglang_evs.bench.measure import USAGE_FIELDS, image_bench, prefill_ms, streamed_chat
+from sglang_evs.bench.ratios import geometric_interval, paired_ideal
 from sglang_evs.bench.sweep import cached_model
 from sglang_evs.methods.images import IMAGE_METHODS
 from sglang_evs.testing import media
@@ -39,14 +39,12 @@ def image_settings(rate: float, method: str) -> dict:
 def bench_serving_runs(base_url: str, out: Path, rates: list[float], method: str, resolution: str,
                        num_prompts: int) -> dict[str, dict]:  # fmt: skip
     """Part 1: bench_serving's image dataset at each rate -> its summary per rate, and TTFT / q0."""
-    args = ("--dataset-name", "image", "--image-count", "1", "--image-resolution", resolution,
-            "--random-input-len", "16", "--random-output-len", "4")  # fmt: skip
-    runs = {}
-    for rate in rates:
-        body = {**USAGE_FIELDS, **image_settings(rate, method)}
-        record = run_bench_serving(base_url, out / f"images-q{rate}.jsonl", args, num_prompts, 1,
-                                   ("--extra-request-body", json.dumps(body)))  # fmt: skip
-        runs[str(rate)] = summarize_bench(record)
+    runs = {
+        str(rate): image_bench(
+            base_url, out / f"images-q{rate}.jsonl", num_prompts, image_settings(rate, method), resolution
+        )  # fmt: skip
+        for rate in rates
+    }
     first = runs[str(rates[0])]["mean_ttft_ms"]
     for run in runs.values():
         run["ttft_vs_first"] = run["mean_ttft_ms"] / first

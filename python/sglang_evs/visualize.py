@@ -44,6 +44,14 @@ class KeptTokens:
     merge: int
 
 
+def tower_rows(features) -> torch.Tensor:
+    """[tokens, width] the keep-mask scores, from transformers' tower output: its main rows, with its deepstack
+    levels' as further columns where it has them (what the server scores)."""
+    main = torch.cat(list(getattr(features, "pooler_output", features)))
+    levels = [torch.cat(list(level)) for level in getattr(features, "deepstack_features", None) or []]
+    return torch.cat([main, *levels], dim=1)
+
+
 def kept_tokens(model_path: str | Path, clip: str | Path, rate: float, method: str = "evs") -> KeptTokens:
     """Encode ``clip`` with the checkpoint's vision tower and compute ``method``'s keep-mask at ``rate``."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -56,9 +64,7 @@ def kept_tokens(model_path: str | Path, clip: str | Path, rate: float, method: s
     vision = model.config.vision_config
     with torch.no_grad():
         features = model.model.get_video_features(inputs["pixel_values_videos"], grid)
-    main = torch.cat(list(getattr(features, "pooler_output", features)))
-    levels = [torch.cat(list(level)) for level in getattr(features, "deepstack_features", None) or []]
-    rows = torch.cat([main, *levels], dim=1)
+    rows = tower_rows(features)
     mask = METHODS[method].retention_mask(rows, grid[0], vision.spatial_merge_size, rate)
     t, gh, gw = (int(v) for v in grid[0])
     resized = torch.nn.functional.interpolate(
@@ -83,9 +89,7 @@ def kept_image_tokens(model_path: str | Path, image: str | Path, rate: float, me
     grid, vision = inputs["image_grid_thw"], model.config.vision_config
     with torch.no_grad():
         features = model.model.get_image_features(inputs["pixel_values"], grid)
-    main = torch.cat(list(getattr(features, "pooler_output", features)))
-    levels = [torch.cat(list(level)) for level in getattr(features, "deepstack_features", None) or []]
-    rows = torch.cat([main, *levels], dim=1)
+    rows = tower_rows(features)
     mask = IMAGE_METHODS[method].keep_mask(rows, image_kept_count(rows.shape[0], rate))
     _, gh, gw = (int(v) for v in grid[0])
     seen = picture.resize((gw * vision.patch_size, gh * vision.patch_size), Image.BILINEAR)
@@ -115,9 +119,7 @@ def kept_over_stream(
         grid = inputs["video_grid_thw"][0]
         with torch.no_grad():
             features = model.model.get_video_features(inputs["pixel_values_videos"], inputs["video_grid_thw"])
-        main = torch.cat(list(getattr(features, "pooler_output", features)))
-        levels = [torch.cat(list(level)) for level in getattr(features, "deepstack_features", None) or []]
-        rows = torch.cat([main, *levels], dim=1)
+        rows = tower_rows(features)
         t, gh, gw = (int(v) for v in grid)
         if previous is None:
             masks.append(threshold_limited_mask(rows, grid, merge, threshold) if threshold is not None

@@ -24,8 +24,8 @@ from sglang_evs.testing.requests import per_request_rate
 
 DEFAULT_RATES = (0.0, 0.25, 0.5, 0.75, 0.9)
 TEXT_TOKEN_RANGE = (10, 300)  # ordinary (non-special) token ids in the tiny tokenizer and in Qwen's
-IMAGE_ARGS = ("--dataset-name", "image", "--image-count", "1", "--image-resolution", "64x64",
-              "--random-input-len", "16", "--random-output-len", "4")  # fmt: skip
+IMAGE_ARGS = ("--dataset-name", "image", "--image-count", "1", "--random-input-len", "16",
+              "--random-output-len", "4")  # fmt: skip
 USAGE_FIELDS = {"stream_options": {"include_usage": True}}
 
 
@@ -89,10 +89,13 @@ def video_bench(
     return summarize_bench(run_bench_serving(base_url, out_file, args, num_prompts, concurrency, extra))
 
 
-def image_bench(base_url: str, out_file: Path, num_prompts: int, body: dict | None = None) -> dict:
-    """bench_serving on its generated ``image`` dataset (one 64x64 image per request)."""
+def image_bench(
+    base_url: str, out_file: Path, num_prompts: int, body: dict | None = None, resolution: str = "64x64"
+) -> dict:
+    """bench_serving on its generated ``image`` dataset (one image of ``resolution`` per request, one at a time)."""
     extra = ("--extra-request-body", json.dumps({**USAGE_FIELDS, **(body or {})}))
-    return summarize_bench(run_bench_serving(base_url, out_file, IMAGE_ARGS, num_prompts, 1, extra))
+    args = (*IMAGE_ARGS, "--image-resolution", resolution)
+    return summarize_bench(run_bench_serving(base_url, out_file, args, num_prompts, 1, extra))
 
 
 def warm_up(base_url: str, out_dir: Path, dataset: Path) -> None:

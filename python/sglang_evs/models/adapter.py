@@ -54,9 +54,8 @@ class AdaptedModel:
             self.pruned_videos = None  # it prunes what requests ask (pruning/disaggregated.py), in the encoder
             self.pruned_images = None
             return
-        encode = super().get_video_feature
-        attach(self, config, self.language_model_cls, getattr(self, "num_deepstack_embeddings", 0), encode)
-        self.pruned_images = PrunedImages(config, super().get_image_feature)
+        attach(self, config, self.language_model_cls, getattr(self, "num_deepstack_embeddings", 0),
+               super().get_video_feature, super().get_image_feature)  # fmt: skip
 
     @property
     def video_family(self) -> VideoFamily:
@@ -69,7 +68,7 @@ class AdaptedModel:
         return self.pruned_videos.features(items)
 
     def get_image_feature(self, items):
-        if getattr(self, "pruned_images", None) is None:
+        if self.pruned_images is None:
             return super().get_image_feature(items)
         return self.pruned_images.features(items)
 
@@ -84,10 +83,10 @@ class AdaptedModel:
         return forward_through_routine(self, input_ids, positions, forward_batch, get_embedding, pp_proxy_tensors)
 
 
-def attach(model, config, language_model_cls: type, deepstack_levels: int, encode_videos) -> None:
+def attach(model, config, language_model_cls: type, deepstack_levels: int, encode_videos, encode_images=None) -> None:
     """Re-class upstream's language model as ours and give it its buffers; give the model its
-    `PrunedVideos` (`config`: the checkpoint's whole config, as the model was given it;
-    `encode_videos`: the upstream video getter, bound to the model; None: videos not pruned)."""
+    `PrunedVideos` and `PrunedImages` (`config`: the checkpoint's whole config, as the model was given it;
+    `encode_videos`, `encode_images`: the upstream getters, bound to the model; None: not pruned)."""
     if type(model.model) in language_model_cls.__bases__:
         model.model.__class__ = language_model_cls  # upstream built it; ours adds only a forward override
     elif not isinstance(model.model, language_model_cls):
@@ -107,6 +106,7 @@ def attach(model, config, language_model_cls: type, deepstack_levels: int, encod
         if encode_videos is None
         else PrunedVideos(config, model.video_family, model.model.embed_tokens, encode_videos)
     )
+    model.pruned_images = None if encode_images is None else PrunedImages(config, encode_images)
     buffers = model.model.graph_inputs
     logger.info(
         "sglang-evs %s: %d deepstack levels and M-RoPE positions in fixed buffers of %d rows",
@@ -133,7 +133,7 @@ def fill_graph_inputs(model, fetched: list[FetchedEmbedding], layout: BatchLayou
     carried = model.model.graph_inputs.write(layout.num_tokens, forward_batch.mrope_positions)
     if carried.positions is not None and model.pruned_videos is not None:
         model.pruned_videos.write_positions(layout, carried.positions)
-    if carried.positions is not None and getattr(model, "pruned_images", None) is not None:
+    if carried.positions is not None and model.pruned_images is not None:
         model.pruned_images.write_positions(layout, carried.positions)
     setattr(forward_batch, CARRIED_FIELD, carried)
     if carried.deepstack is None:

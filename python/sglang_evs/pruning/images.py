@@ -2,8 +2,8 @@
 
 A model adapter owns one `PrunedImages` and routes two things through it:
   - `get_image_feature(items)` -> `PrunedImages.features(items)`: the batch's images go through the model's own
-    tower in one call, as upstream's getter sends them; a pruned item (`fields.is_pruned`: one or several images, as
-    SGLang bundles a request's images) comes back as the rows each image's method keeps (`methods.images`: every
+    tower in one call, as upstream's getter sends them; a pruned item (`fields.is_pruned`: one image, or several where
+    an item still bundles them) comes back as the rows each image's method keeps (`methods.images`: every
     column scored, so Qwen3-VL's deepstack levels are pruned by the same mask), image after image in raster order,
     for the pads the tokenizer side left (`regions.prune_image_regions`);
   - its `post_process` calls `write_positions(layout, positions)`: each kept pad at the M-RoPE position its row has
@@ -29,7 +29,7 @@ from sglang_evs.methods.images import IMAGE_METHODS, image_kept_count
 from sglang_evs.multimodal.contract import BatchLayout
 from sglang_evs.pruning.fields import METHOD, RATE, REGION_POSITIONS, image_grids, is_pruned
 from sglang_evs.pruning.settings import server_image_pruning
-from sglang_evs.pruning.videos import agreed_and_traced
+from sglang_evs.pruning.videos import agreed_and_traced, remember
 
 
 class PrunedImages:
@@ -50,8 +50,8 @@ class PrunedImages:
             return self.encode(items)
         rows = self.encode(items).split([sum(self._tokens(item)) for item in items])
         pruned = [(item, own) for item, own in zip(items, rows, strict=True) if is_pruned(item)]
-        masks = dict(zip((id(item) for item, _ in pruned), self._decided_masks(pruned), strict=True))
-        kept = {id(item): own[masks[id(item)].to(own.device)] for item, own in pruned}
+        masks = self._decided_masks(pruned)
+        kept = {id(item): own[mask.to(own.device)] for (item, own), mask in zip(pruned, masks, strict=True)}
         return [kept.get(id(item), own) for item, own in zip(items, rows, strict=True)]
 
     def write_positions(self, layout: BatchLayout, positions: torch.Tensor) -> None:
@@ -95,9 +95,7 @@ class PrunedImages:
         own = [self._compute_keep_mask(item, rows) for item, rows in new]
         decided = agreed_and_traced([item for item, _ in new], own, self.rank_group, "image_keep_mask")
         for (item, _), mask in zip(new, decided, strict=True):
-            self.masks[item.hash] = mask.cpu()
-            while len(self.masks) > self.MASKS_KEPT:
-                self.masks.popitem(last=False)
+            remember(self.masks, item.hash, mask, self.MASKS_KEPT)
         return [self.masks[item.hash] for item, _ in pruned]
 
     def _compute_keep_mask(self, item, rows: torch.Tensor) -> torch.Tensor:

@@ -42,9 +42,7 @@ def usage_fields(pruning: Pruning, before: int, after: int) -> dict:
 def record_usage(rid, pruning: Pruning, videos) -> None:
     before, after = sum(v.before for v in videos), sum(v.after for v in videos)
     _count(pruning.method.name, before, after, len(videos))
-    if rid is None:
-        return
-    for one_rid in rid if isinstance(rid, list) else [rid]:
+    for one_rid in _each(rid):
         _hand_over(one_rid, usage_fields(pruning, before, after))
 
 
@@ -59,8 +57,13 @@ def record_image_usage(rid, pruning: ImagePruning, images) -> None:
         "image_tokens_before_pruning": before,
         "image_tokens_after_pruning": after,
     }
-    for one_rid in [] if rid is None else rid if isinstance(rid, list) else [rid]:
+    for one_rid in _each(rid):
         _hand_over(one_rid, fields)
+
+
+def _each(rid) -> list:
+    """A request's rids: none, its one, or each of a batch's (whose prompts share one processor call)."""
+    return [] if rid is None else rid if isinstance(rid, list) else [rid]
 
 
 def _hand_over(rid: str, fields: dict) -> None:

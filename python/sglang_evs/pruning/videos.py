@@ -186,7 +186,7 @@ class PrunedVideos:
                 new.append((item, rows))
         decided = self._agreed([item for item, _ in new], [self._compute_keep_mask(item, rows) for item, rows in new])
         for (item, _), mask in zip(new, decided, strict=True):
-            self._remember(item.hash, mask)
+            remember(self.masks, item.hash, mask, self.MASKS_KEPT)
         return [self.masks[item.hash] for item, _ in pruned]
 
     def _agreed(self, items: list, masks: list[torch.Tensor], **traced) -> list[torch.Tensor]:
@@ -273,12 +273,6 @@ class PrunedVideos:
         region[~is_pad, : text.shape[1]] = text.to(region.dtype)
         return region
 
-    def _remember(self, key: int, mask: torch.Tensor) -> None:
-        self.masks[key] = mask.cpu()
-        self.masks.move_to_end(key)
-        while len(self.masks) > self.MASKS_KEPT:
-            self.masks.popitem(last=False)
-
 
 def with_stream_context(item):
     """The item as the tower is to encode it: a segment that continues a stream (`fields.STREAM_CONTEXT`) with the
@@ -304,6 +298,14 @@ def on_device(item, device: torch.device):
     moved = copy.copy(item)
     moved.feature = feature.to(device)
     return moved
+
+
+def remember(masks: OrderedDict, key: int, mask: torch.Tensor, bound: int) -> None:
+    """A decided keep-mask kept by its key (on the host), the least recently decided forgotten past `bound`."""
+    masks[key] = mask.cpu()
+    masks.move_to_end(key)
+    while len(masks) > bound:
+        masks.popitem(last=False)
 
 
 def agreed_and_traced(items: list, masks: list[torch.Tensor], group, event: str, **traced) -> list[torch.Tensor]:
